@@ -1,0 +1,95 @@
+"""Group-relative advantages (paper eq. 2, METHOD section 1).
+
+    A_i = (R_i - mean_group(R)) / (std_group(R) + eps)
+
+computed over the FULL group of G rollouts, before any down-sampling. The conventions are TRL's
+(`GRPOTrainer._generate_and_score_completions`), so that "D3S switched off" is TRL's GRPO exactly:
+
+- std is the Bessel-corrected (sample) standard deviation, the one `torch.std` returns;
+- eps = 1e-4 is added to the std, not to the variance;
+- `scale_rewards="batch"` centres per group but divides by the std of the whole batch;
+- `scale_rewards="none"` only centres (Dr. GRPO).
+
+Degenerate cases are decided here, once:
+- a group whose valid rewards are all equal gets advantage exactly 0 (never NaN, never 1e-12 noise);
+- a NaN reward (a reward function that returned None) is left out of its group's mean and std and
+  gets advantage 0; a group with a single valid reward has undefined std and gets advantage 0.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+ScaleRewards = Literal["group", "batch", "none"]
+
+
+def _nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Bessel-corrected std ignoring NaNs; NaN where fewer than two values are valid.
+
+    Same arithmetic as TRL's `trl.trainer.utils.nanstd`, so the advantages match bit for bit.
+    """
+    if dim is None:
+        mean = torch.nanmean(x)
+        var = torch.nanmean((x - mean) ** 2)
+        count = (~torch.isnan(x)).sum()
+    else:
+        mean = torch.nanmean(x, dim=dim, keepdim=True)
+        var = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True)
+        count = (~torch.isnan(x)).sum(dim=dim, keepdim=True)
+    correction = torch.where(count > 1, count / (count - 1), torch.full_like(var, float("nan")))
+    std = torch.sqrt(var * correction)
+    if dim is not None and not keepdim:
+        std = std.squeeze(dim)
+    return std
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    num_generations: int,
+    scale_rewards: ScaleRewards = "group",
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """Group-relative advantages of B groups of G = `num_generations` rollouts (paper eq. 2).
+
+    Args:
+        rewards: `(B*G,)` rewards, group-major (rows `g*G .. g*G+G-1` are one prompt's group).
+            NaN marks a rollout that could not be scored.
+        num_generations: G, the group size.
+        scale_rewards: `"group"` (divide by the group's std), `"batch"` (by the whole batch's std)
+            or `"none"` (centre only).
+        eps: added to the std before dividing.
+
+    Returns:
+        `(B*G,)` float advantages; 0 for NaN rewards and for groups whose valid rewards are equal.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (B*G,), got shape {tuple(rewards.shape)}")
+    if num_generations < 1 or rewards.numel() % num_generations != 0:
+        raise ValueError(
+            f"num_generations={num_generations} must be >= 1 and divide the number of rewards "
+            f"({rewards.numel()})"
+        )
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"scale_rewards={scale_rewards!r}; valid: 'group', 'batch', 'none'")
+    if eps < 0:
+        raise ValueError(f"eps={eps} must be >= 0")
+
+    rewards = rewards.float() if not rewards.is_floating_point() else rewards
+    grouped = rewards.view(-1, num_generations)  # (B, G)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)  # (B, 1)
+    advantages = grouped - mean  # (B, G)
+    if scale_rewards == "group":
+        advantages = advantages / (_nanstd(grouped, dim=1, keepdim=True) + eps)
+    elif scale_rewards == "batch":
+        advantages = advantages / (_nanstd(rewards) + eps)
+
+    # All valid rewards equal (max == min over the valid ones) -> exactly 0, whatever rounding did.
+    valid = ~torch.isnan(grouped)  # (B, G)
+    hi = torch.where(valid, grouped, torch.full_like(grouped, -float("inf"))).amax(dim=1, keepdim=True)
+    lo = torch.where(valid, grouped, torch.full_like(grouped, float("inf"))).amin(dim=1, keepdim=True)
+    advantages = torch.where(hi == lo, torch.zeros_like(advantages), advantages)
+    # NaN rewards, single-valid groups and empty groups carry no signal.
+    advantages = torch.nan_to_num(advantages, nan=0.0, posinf=0.0, neginf=0.0)
+    return advantages.reshape(-1)  # (B*G,)

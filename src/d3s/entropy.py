@@ -1,0 +1,44 @@
+"""Per-token entropy of the policy's full next-token distribution (METHOD section 3).
+
+    H = -sum_v p_v log p_v = logsumexp(z) - sum_v softmax(z)_v * z_v
+
+The second form needs one softmax and no log of small probabilities, so it is stable for any
+logits. Rows are processed `chunk_size` at a time in float32: the float32 copy of the logits and the
+softmax exist for one chunk only, so peak extra memory is O(chunk_size * V), not O(S * T * V) —
+about 2 GB saved per 8k tokens at V = 150k.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_entropy(logits: torch.Tensor, chunk_size: int = 1024, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at every position.
+
+    Args:
+        logits: `(..., V)` unnormalised scores, any float dtype.
+        chunk_size: positions processed at once (bounds the float32 working memory).
+        temperature: the sampling temperature; the entropy is that of the sampling distribution.
+
+    Returns:
+        `(...)` float32 entropies in nats. Differentiable; `.detach()` it for a mask.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0")
+    lead = logits.shape[:-1]
+    flat = logits.reshape(-1, logits.shape[-1])  # (P, V)
+    out = []
+    for chunk in flat.split(chunk_size, dim=0):
+        z = chunk.float()  # (c, V)
+        if temperature != 1.0:
+            z = z / temperature
+        logz = torch.logsumexp(z, dim=-1)  # (c,)
+        probs = torch.softmax(z, dim=-1)  # (c, V)
+        z = z.masked_fill(torch.isneginf(z), 0.0)  # masked vocabulary: p = 0, and 0 * -inf is NaN
+        out.append(logz - (probs * z).sum(dim=-1))  # (c,)
+    if not out:
+        return flat.new_zeros(lead, dtype=torch.float32)
+    return torch.cat(out).view(lead)

@@ -1,0 +1,74 @@
+"""Evaluation estimators (METHOD section 8) and training diagnostics (METHOD section 7).
+
+pass@k, unbiased (Chen et al. 2021, the human-eval estimator): with n samples of which c are
+correct,
+
+    pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i)
+
+The product form never builds a binomial coefficient, so it is exact and stable for n in the
+thousands (C(4000, 2000) overflows a float64). Avg@n is the plain mean accuracy c / n.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _check_counts(n: int, c: int) -> None:
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1 (samples per problem)")
+    if not 0 <= c <= n:
+        raise ValueError(f"c={c} must be in [0, n={n}] (correct samples)")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from `n` samples with `c` correct: 1 - C(n-c, k) / C(n, k).
+
+    Raises:
+        ValueError: unless 1 <= k <= n and 0 <= c <= n.
+    """
+    n, c, k = int(n), int(c), int(k)
+    _check_counts(n, c)
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} must be in [1, n={n}]")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    # prod_{i=n-c+1}^{n} (1 - k/i), in log space: a sum of log1p terms, exact to rounding.
+    log_fail = math.fsum(math.log1p(-k / i) for i in range(n - c + 1, n + 1))
+    return 1.0 - math.exp(log_fail)
+
+
+def avg_at_n(c: int, n: int) -> float:
+    """Avg@n: mean accuracy over the n samples of one problem, c / n."""
+    n, c = int(n), int(c)
+    _check_counts(n, c)
+    return c / n
+
+
+def sample_usefulness_rate(
+    advantages: torch.Tensor, kept: torch.Tensor, num_generations: int
+) -> torch.Tensor:
+    """Share of trained groups whose kept rollouts carry a non-zero advantage (paper sec. 4.5, SUR).
+
+    Args:
+        advantages: `(B*G,)` advantages of the whole generation batch.
+        kept: `(B*G,)` bool, rollouts trained on.
+        num_generations: G.
+
+    Returns:
+        Scalar tensor in [0, 1]; groups with no kept rollout are not counted (0 if none is kept).
+    """
+    adv = advantages.view(-1, num_generations)  # (B, G)
+    k = kept.view(-1, num_generations)  # (B, G)
+    trained = k.any(dim=1)  # (B,)
+    useful = ((adv != 0) & k).any(dim=1)  # (B,)
+    return useful.sum().float() / trained.sum().clamp(min=1).float()
+
+
+def population_variance(values: torch.Tensor) -> torch.Tensor:
+    """Population variance (divide by m) — the quantity sample selection maximises (eq. 6)."""
+    if values.numel() == 0:
+        return values.new_zeros((), dtype=torch.float32)
+    return values.float().var(correction=0)

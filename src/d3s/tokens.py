@@ -1,0 +1,110 @@
+"""Token-level down-sampling: keep the tokens where |advantage| x entropy is highest.
+
+Paper section 3.2 (eq. 8), METHOD section 3. Over the valid completion tokens of the KEPT rollouts,
+score s_i,t = |A_i,t| * H_i,t and keep the top ceil(K * n_valid) — one threshold over the whole
+generation batch, never a padding token, at least one token when any is valid.
+
+Three steps, exposed separately so that a distributed caller can apply one global cut:
+
+    scores = token_scores(advantages, entropies, completion_mask)  # per process
+    all_scores = gather(scores)           # every process's rows, padded with -inf, rank order
+    k = num_tokens_to_keep(n_valid_global, fraction)
+    mask = top_tokens_mask(all_scores, k)[my_rows]                 # identical on every process
+
+Ties at the cut are broken by flattened position (lower first), so the count is exact and every
+process that sees the same gathered scores keeps the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def token_scores(
+    advantages: torch.Tensor, entropies: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor:
+    """s_i,t = |A_i,t| * H_i,t on valid tokens, -inf on padding (paper eq. 8).
+
+    Args:
+        advantages: `(S,)` per-rollout or `(S, T)` per-token advantages.
+        entropies: `(S, T)` policy entropies (taken as given; detach them for a mask without grad).
+        completion_mask: `(S, T)` 1/True on valid completion tokens.
+
+    Returns:
+        `(S, T)` float scores, detached.
+    """
+    if entropies.dim() != 2 or entropies.shape != completion_mask.shape:
+        raise ValueError(
+            f"entropies {tuple(entropies.shape)} and completion_mask {tuple(completion_mask.shape)} "
+            "must both be (S, T)"
+        )
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (S, 1)
+    if advantages.shape[0] != entropies.shape[0]:
+        raise ValueError(f"advantages {tuple(advantages.shape)} do not match entropies {tuple(entropies.shape)}")
+    scores = advantages.detach().abs().float() * entropies.detach().float()  # (S, T)
+    return scores.masked_fill(~completion_mask.bool(), -float("inf"))
+
+
+def num_tokens_to_keep(n_valid: int, fraction: float) -> int:
+    """ceil(fraction * n_valid), at least 1 when `n_valid > 0`, at most `n_valid`.
+
+    The product is rounded to 9 decimals before the ceiling, so that 0.07 * 100 keeps 7 tokens and
+    not 8 (0.07 is 0.0700000000000000067 in binary).
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction={fraction} must be in (0, 1]")
+    n_valid = int(n_valid)
+    if n_valid < 0:
+        raise ValueError(f"n_valid={n_valid} must be >= 0")
+    if n_valid == 0:
+        return 0
+    return min(n_valid, max(1, math.ceil(round(fraction * n_valid, 9))))
+
+
+def top_tokens_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Exactly the `k` highest non-padding scores; ties broken by flattened position.
+
+    Args:
+        scores: `(S, T)` from `token_scores` (-inf marks padding, which is never kept).
+        k: number of tokens to keep; clipped to the number of non-padding tokens.
+
+    Returns:
+        bool `(S, T)` with exactly `min(k, n_valid)` True entries.
+    """
+    flat = scores.reshape(-1)  # (S*T,)
+    valid = flat > -float("inf")  # (S*T,)
+    k = min(int(k), int(valid.sum()))
+    if k <= 0:
+        return torch.zeros_like(scores, dtype=torch.bool)
+    # k-th largest value: everything above it is kept, then the first ties in flattened order.
+    kth = torch.topk(flat, k, sorted=False).values.min()
+    above = flat > kth
+    ties = flat == kth
+    room = k - above.sum()
+    keep = above | (ties & (ties.cumsum(0) <= room))
+    return keep.view_as(scores)
+
+
+def token_mask(
+    advantages: torch.Tensor,
+    entropies: torch.Tensor,
+    completion_mask: torch.Tensor,
+    fraction: float,
+) -> torch.Tensor:
+    """Top-`fraction` tokens by |A| * H over all valid tokens of the batch (paper eq. 8).
+
+    Args:
+        advantages: `(S,)` or `(S, T)` advantages of the kept rollouts.
+        entropies: `(S, T)` policy entropies.
+        completion_mask: `(S, T)` valid-token mask.
+        fraction: K in (0, 1].
+
+    Returns:
+        bool `(S, T)`: exactly `num_tokens_to_keep(n_valid, fraction)` valid tokens.
+    """
+    scores = token_scores(advantages, entropies, completion_mask)  # (S, T)
+    k = num_tokens_to_keep(int(completion_mask.bool().sum()), fraction)
+    return top_tokens_mask(scores, k)

@@ -1,0 +1,161 @@
+"""The named variants of the paper (sec. 4.1, appendix D; METHOD section 6) as validated settings.
+
+| name   | sample level | token level | schedule | objective |
+|--------|--------------|-------------|----------|-----------|
+| grpo   | none         | none        | -        | GRPO      |
+| gspo   | none         | none        | -        | GSPO-token|
+| pods   | pods         | none        | constant | GRPO      |
+| d1s    | intra        | none        | constant | GRPO      |
+| d1s-c  | cross        | none        | constant | GRPO      |
+| d2s    | cross        | abs(A) * H  | constant | GRPO      |
+| d3s    | cross        | abs(A) * H  | linear   | GRPO      |
+| d3s-i  | intra        | abs(A) * H  | linear   | GRPO      |
+
+Every variant combines with either objective: `VARIANTS["d3s"].replace(importance_sampling_level=
+"sequence_token")` is GSPO + D3S. Defaults are the paper's Table 5 (G = 32, N 8 -> 32, K 5% -> 20%);
+constant-schedule variants hold the initial values (N = 8, K = 5%) throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from d3s.loss import ImportanceSamplingLevel, Normalizer
+from d3s.sampling import SampleSelection
+from d3s.schedule import linear_schedule
+
+Schedule = Literal["constant", "linear"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One D3S configuration. Validated on construction (and on `replace`)."""
+
+    name: str
+    """Display name, e.g. "d3s"."""
+    sample_selection: SampleSelection = "none"
+    """Rollout selection: "none" (keep all), "intra" (N per group), "cross" (N*B over the batch),
+    "pods" (N per group by reward variance, re-normalised)."""
+    token_selection: bool = False
+    """Keep only the top-K fraction of tokens by |A| * H (paper eq. 8)."""
+    schedule: Schedule = "constant"
+    """"constant": N = n_init and K = k_init throughout (n_final/k_final must equal them);
+    "linear": interpolate from the init to the final values over training (eq. 9)."""
+    num_generations: int = 32
+    """G, rollouts per prompt."""
+    n_init: int = 8
+    """Rollouts kept per group at the start, in [2, G]."""
+    n_final: int = 32
+    """Rollouts kept per group at the end, in [2, G]."""
+    k_init: float = 0.05
+    """Fraction of tokens kept at the start, in (0, 1]."""
+    k_final: float = 0.20
+    """Fraction of tokens kept at the end, in (0, 1]."""
+    allow_tightening: bool = False
+    """A linear schedule whose final value is below its initial one (it keeps LESS as training goes
+    on) is refused unless this is set: the paper's schedule relaxes, so a tightening one must be
+    intended."""
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    """"token" (GRPO ratio) or "sequence_token" (GSPO-token ratio)."""
+    normalizer: Normalizer = "selected"
+    """Token-loss divisor: "selected" (kept tokens) or "all" (all valid tokens)."""
+
+    def __post_init__(self) -> None:
+        if self.sample_selection not in ("none", "intra", "cross", "pods"):
+            raise ValueError(
+                f"{self.name}: sample_selection={self.sample_selection!r}; valid: 'none', 'intra', 'cross', 'pods'"
+            )
+        if self.schedule not in ("constant", "linear"):
+            raise ValueError(f"{self.name}: schedule={self.schedule!r}; valid: 'constant', 'linear'")
+        if self.importance_sampling_level not in ("token", "sequence_token"):
+            raise ValueError(
+                f"{self.name}: importance_sampling_level={self.importance_sampling_level!r}; "
+                "valid: 'token', 'sequence_token'"
+            )
+        if self.normalizer not in ("selected", "all"):
+            raise ValueError(f"{self.name}: normalizer={self.normalizer!r}; valid: 'selected', 'all'")
+        G = self.num_generations
+        if isinstance(G, bool) or not isinstance(G, int) or G < 2:
+            raise ValueError(f"{self.name}: num_generations={G!r} must be an integer >= 2")
+        if self.sample_selection != "none":
+            for field in ("n_init", "n_final"):
+                value = getattr(self, field)
+                if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= G:
+                    raise ValueError(
+                        f"{self.name}: {field}={value!r} must be an integer in [2, num_generations={G}]"
+                    )
+            self._check_pair("n_init", "n_final")
+        if self.token_selection:
+            for field in ("k_init", "k_final"):
+                value = getattr(self, field)
+                if not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                    raise ValueError(f"{self.name}: {field}={value!r} must be a fraction in (0, 1]")
+            self._check_pair("k_init", "k_final")
+
+    def _check_pair(self, init: str, final: str) -> None:
+        a, b = getattr(self, init), getattr(self, final)
+        if self.schedule == "constant" and a != b:
+            raise ValueError(
+                f"{self.name}: schedule='constant' uses {init} throughout, but {init}={a} != {final}={b}; "
+                f"set {final}={a}, or schedule='linear'"
+            )
+        if self.schedule == "linear" and b < a and not self.allow_tightening:
+            raise ValueError(
+                f"{self.name}: {final}={b} < {init}={a} makes the schedule keep less as training goes on; "
+                "set allow_tightening=True if that is intended"
+            )
+
+    def replace(self, **changes) -> Variant:
+        """A copy with `changes` applied, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def schedule_at(self, progress: float, *, multiple_of: int = 1) -> tuple[int, float]:
+        """`(n_keep, fraction)` at training progress p in [0, 1] (paper eq. 9).
+
+        Without sample selection n_keep = G; without token selection fraction = 1.
+        """
+        n, k = linear_schedule(
+            progress,
+            self.n_init if self.sample_selection != "none" else self.num_generations,
+            self.n_final if self.sample_selection != "none" else self.num_generations,
+            self.k_init if self.token_selection else 1.0,
+            self.k_final if self.token_selection else 1.0,
+            self.num_generations,
+            multiple_of=multiple_of,
+        )
+        return n, k
+
+
+def _constant(name: str, sample_selection: SampleSelection, token_selection: bool) -> Variant:
+    return Variant(name, sample_selection, token_selection, "constant", n_final=8, k_final=0.05)
+
+
+VARIANTS: dict[str, Variant] = {
+    "grpo": _constant("grpo", "none", False),
+    "gspo": _constant("gspo", "none", False).replace(importance_sampling_level="sequence_token"),
+    "pods": _constant("pods", "pods", False),
+    "d1s": _constant("d1s", "intra", False),
+    "d1s-c": _constant("d1s-c", "cross", False),
+    "d2s": _constant("d2s", "cross", True),
+    "d3s": Variant("d3s", "cross", True, "linear"),
+    "d3s-i": Variant("d3s-i", "intra", True, "linear"),
+}
+"""The paper's variants with its Table 5 values (G = 32)."""
+
+
+def get_variant(name: str, **overrides) -> Variant:
+    """`VARIANTS[name]` with `overrides` applied; a clear error for an unknown name.
+
+    For a constant-schedule variant, overriding only `n_init` (or `k_init`) moves the final value
+    with it, so `get_variant("d1s", n_init=4)` keeps 4 per group throughout.
+    """
+    if name not in VARIANTS:
+        raise ValueError(f"variant={name!r}; valid: {', '.join(VARIANTS)}")
+    base = VARIANTS[name]
+    if base.schedule == "constant" and overrides.get("schedule", "constant") == "constant":
+        for init, final in (("n_init", "n_final"), ("k_init", "k_final")):
+            if init in overrides and final not in overrides:
+                overrides[final] = overrides[init]
+    return base.replace(**overrides) if overrides else base
