@@ -10,9 +10,10 @@ plus the n - k smallest, for some k in [0, n]. Sorting once and keeping prefix s
 scores all n + 1 candidates in O(n), hence O(m log m) time and O(m) memory in total, exact.
 
 Determinism: the values are put in one total order, (value, index) ascending — a stable sort — and
-the kept set is a prefix plus a suffix of that order. Among splits of equal variance (within a
-relative 1e-10, so that float rounding cannot flip the choice) the one taking the FEWEST values from
-the top wins. Every process of a distributed run that gathers the same advantages therefore computes
+the kept set is a prefix plus a suffix of that order. Among splits of equal variance the one taking
+the FEWEST values from the top wins; "equal" means within 8 ulps of the input dtype (relative), so
+that the rounding of the inputs cannot flip a tie — rewards and their standardised advantages pick
+the same subset even in float32. Every process of a distributed run that gathers the same advantages therefore computes
 the same subset.
 """
 
@@ -27,8 +28,8 @@ from d3s.advantages import ScaleRewards, group_advantages
 
 SampleSelection = Literal["none", "intra", "cross", "pods"]
 
-# Splits whose scores are within this relative distance of the best count as ties (see module doc).
-_TIE_RTOL = 1e-10
+# Splits whose scores are within this many input-dtype ulps (relative) of the best are ties.
+_TIE_ULPS = 8
 
 
 def _check_n(n: int) -> int:
@@ -82,7 +83,8 @@ def max_variance_mask(values: torch.Tensor, n: int) -> torch.Tensor:
     score = total2 - total1 * total1 / n  # (R, n+1): n * population variance of each split
 
     best = score.amax(dim=1, keepdim=True)  # (R, 1)
-    is_best = score >= best - _TIE_RTOL * best.abs()  # (R, n+1)
+    rtol = max(_TIE_ULPS * torch.finfo(values.dtype).eps, 1e-12) if values.is_floating_point() else 1e-12
+    is_best = score >= best - rtol * best.abs()  # (R, n+1)
     k_best = is_best.int().argmax(dim=1, keepdim=True)  # (R, 1): first (= fewest from the top)
 
     pos = torch.arange(m, device=x.device).unsqueeze(0)  # (1, m) sorted positions

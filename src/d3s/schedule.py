@@ -64,6 +64,6 @@ def linear_schedule(
     n = min(max(n, 2), num_generations)
     if multiple_of > 1:
         n = min(max(multiple_of, n - n % multiple_of), num_generations)
-    k = (1.0 - p) * k_init + p * k_final
+    k = k_init if k_init == k_final else (1.0 - p) * k_init + p * k_final  # constant stays exact
     k = min(max(k, 1e-12), 1.0)
     return n, k

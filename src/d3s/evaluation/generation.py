@@ -1,0 +1,188 @@
+"""Sampling n completions per prompt: transformers (CPU / GPU) or vLLM (GPU, when installed).
+
+Both samplers take rendered prompt texts and return `n` completion texts per prompt. The
+transformers sampler repeats each prompt n times, left-pads, and generates in batches of at most
+`batch_size` sequences; the random state is re-seeded before every call so a call's output
+depends only on its inputs and seed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from .benchmarks import UsageError
+
+Backend = Literal["auto", "transformers", "vllm"]
+
+
+class ModelLoadError(UsageError):
+    """The model could not be found or loaded (a usage error)."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What is sampled; every field changes the completions (so it keys the resume cache)."""
+
+    n: int
+    """Completions per problem."""
+    max_new_tokens: int
+    temperature: float
+    """0 means greedy decoding."""
+    top_p: float
+    top_k: int
+    """0 disables top-k filtering."""
+
+
+class Sampler(Protocol):
+    tokenizer: object
+
+    def sample(self, prompts: list[str], settings: SamplingSettings, seed: int) -> list[list[str]]:
+        """`len(prompts)` lists of `settings.n` completion texts."""
+        ...
+
+
+def vllm_usable() -> bool:
+    """vLLM is installed and a CUDA GPU is present."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {device}, but no CUDA GPU is available; use cpu or auto")
+    return device
+
+
+def _resolve_dtype(dtype: str, device: str):
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise ModelLoadError(f"dtype={dtype!r}; valid: auto, {', '.join(table)}")
+    return table[dtype]
+
+
+class TransformersSampler:
+    """`AutoModelForCausalLM.generate` on CPU or one GPU."""
+
+    def __init__(
+        self, model: str, *, device: str = "auto", dtype: str = "auto", batch_size: int = 32
+    ) -> None:
+        try:
+            import torch  # noqa: F401
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as e:
+            raise ImportError("d3s eval needs transformers: pip install 'd3s[eval]'") from e
+        self.device = _resolve_device(device)
+        torch_dtype = _resolve_dtype(dtype, self.device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model)
+            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+        except OSError as e:
+            where = "local folder" if Path(model).exists() else "local folder or hub model"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelLoadError(f"could not load model {model!r} as a {where}: {first}") from e
+        self.model.to(self.device).eval()
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.batch_size = batch_size
+        self.add_special_tokens = True
+
+    def sample(self, prompts: list[str], settings: SamplingSettings, seed: int) -> list[list[str]]:
+        import torch
+
+        flat = [p for p in prompts for _ in range(settings.n)]  # (P*n,) prompt i repeated n times
+        texts: list[str] = []
+        greedy = settings.temperature == 0
+        gen_kwargs = dict(
+            max_new_tokens=settings.max_new_tokens,
+            do_sample=not greedy,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        if not greedy:
+            gen_kwargs.update(
+                temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k
+            )
+        else:  # silence sampling-only settings a model's generation_config may carry
+            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+        torch.manual_seed(seed)
+        for start in range(0, len(flat), self.batch_size):
+            chunk = flat[start : start + self.batch_size]
+            enc = self.tokenizer(
+                chunk,
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=self.add_special_tokens,
+            ).to(self.device)
+            with torch.inference_mode():
+                out = self.model.generate(**enc, **gen_kwargs)  # (b, T_prompt + T_new)
+            new_tokens = out[:, enc["input_ids"].shape[1] :]  # (b, T_new)
+            texts += self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        return [texts[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
+
+
+class VLLMSampler:
+    """vLLM offline generation (GPU); imported only when selected."""
+
+    def __init__(self, model: str, *, dtype: str = "auto", gpu_memory_utilization: float = 0.85):
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError("--backend vllm needs vLLM: pip install vllm") from e
+        self.llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.add_special_tokens = True
+
+    def sample(self, prompts: list[str], settings: SamplingSettings, seed: int) -> list[list[str]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            n=settings.n,
+            temperature=settings.temperature,
+            top_p=settings.top_p if settings.temperature > 0 else 1.0,
+            top_k=settings.top_k if settings.top_k > 0 else -1,
+            max_tokens=settings.max_new_tokens,
+            seed=seed,
+        )
+        # Pre-tokenised so a chat-formatted prompt does not get a second BOS token.
+        inputs = [
+            {"prompt_token_ids": self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"]}
+            for p in prompts
+        ]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        return [[c.text for c in o.outputs] for o in outputs]
+
+
+def make_sampler(
+    backend: Backend, model: str, *, device: str = "auto", dtype: str = "auto", batch_size: int = 32
+) -> Sampler:
+    """The sampler for `backend`; `auto` picks vLLM when it is installed and a GPU is present."""
+    if backend == "auto":
+        backend = "vllm" if vllm_usable() and device in ("auto", "cuda") else "transformers"
+    if backend == "vllm":
+        if not vllm_usable():
+            raise ModelLoadError("--backend vllm needs vLLM installed and a CUDA GPU")
+        return VLLMSampler(model, dtype=dtype)
+    elif backend == "transformers":
+        return TransformersSampler(model, device=device, dtype=dtype, batch_size=batch_size)
+    else:
+        raise ModelLoadError(f"backend={backend!r}; valid: auto, transformers, vllm")
+
+
+def problems_per_call(n: int, batch_size: int) -> int:
+    """How many problems one `sample` call takes: enough to fill a batch, at least one."""
+    return max(1, math.floor(batch_size / n))

@@ -1,0 +1,370 @@
+"""`d3s eval`: sample, score, cache, aggregate (paper sec. 4.1; METHOD section 8).
+
+I/O glue around the pure parts (`aggregate`, `scoring`, `benchmarks.extract_gold`). Output
+folder layout:
+
+    OUTPUT/samples.jsonl   one line per finished problem (completions, scores): the resume cache
+    OUTPUT/results.json    settings + per-benchmark correct counts and metrics
+    OUTPUT/results.md      Table-1-style row + all metrics
+
+Resuming: the cache's first line records the settings that change completions or scores; a rerun
+with the same settings skips every cached problem, with different ones it stops with an error
+(use --overwrite or another --output). A line cut off by an interrupt is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .aggregate import average_metrics, benchmark_metrics
+from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, Problem, UsageError, load_benchmark, resolve_name
+from .generation import Backend, Sampler, SamplingSettings, make_sampler, problems_per_call
+from .prompts import ChatMode, default_template, fill_template, render_prompt, uses_chat
+from .report import RESULTS_FORMAT, render_report, write_json
+from .scoring import score_completion
+
+CACHE_NAME = "samples.jsonl"
+
+
+@dataclass
+class EvalConfig:
+    """Settings of one `d3s eval` run (validated once, in `__post_init__`)."""
+
+    model: str
+    """Local checkpoint folder or hub model name."""
+    benchmarks: tuple[str, ...] = PAPER_BENCHMARKS
+    """Benchmark names; `name=PATH` reads that benchmark from a local file or folder."""
+    n: int = 32
+    """Completions sampled per problem (the paper: 32)."""
+    ks: tuple[int, ...] = (1, 8, 16)
+    """k values of pass@k (the paper: 1, 8, 16); each <= n."""
+    output: str | None = None
+    """Output folder; default `eval_results/<model name>`."""
+    max_new_tokens: int = 2048
+    """Completion length limit in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (paper Table 4: 1.0 for Qwen2.5-Math, 0.6 for Llama3.1); 0 = greedy."""
+    top_p: float = 0.9
+    """Nucleus sampling threshold (paper Table 4: 0.9)."""
+    top_k: int = 0
+    """Top-k filtering; 0 = off."""
+    seed: int = 0
+    """Base random seed."""
+    data_dir: str | None = None
+    """Folder with local benchmark copies; when set, the hub is not used."""
+    limit: int | None = None
+    """Evaluate only the first `limit` problems of each benchmark."""
+    batch_size: int = 32
+    """Most sequences per generate call (transformers backend)."""
+    backend: Backend = "auto"
+    """`auto` (vLLM if installed and a GPU is present, else transformers), `transformers`, `vllm`."""
+    device: str = "auto"
+    """`auto`, `cpu`, `cuda`, `cuda:1`, ..."""
+    dtype: str = "auto"
+    """`auto` (bfloat16 on GPU, float32 on CPU), `float32`, `bfloat16`, `float16`."""
+    prompt_template: str | None = None
+    """User message with a `{question}` placeholder; default: the benchmark's own (a
+    "put the final answer within \\boxed{}" instruction; the task's prompt for `arith`)."""
+    chat: ChatMode = "auto"
+    """Use the model's chat template: `auto` (when it has one), `on`, `off`."""
+    system_prompt: str | None = None
+    """Optional system message."""
+    require_boxed: bool = False
+    """Score 0 for completions without `\\boxed{}` (default: math-verify's own extraction)."""
+    verify_timeout: int = 5
+    """Seconds math-verify may spend on one parse / comparison before it scores 0."""
+    label: str | None = None
+    """Row label in tables; default: the model name."""
+    overwrite: bool = False
+    """Discard an existing cache in the output folder instead of resuming it."""
+    benchmark_paths: dict[str, str] = field(default_factory=dict, init=False)
+    """Filled from `name=PATH` entries of `benchmarks`."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.benchmarks, str):
+            self.benchmarks = tuple(b for b in self.benchmarks.split(",") if b.strip())
+        if not self.benchmarks:
+            raise UsageError(f"no benchmarks given; valid: {', '.join(BENCHMARKS)}")
+        names = []
+        for entry in self.benchmarks:
+            name, sep, path = entry.partition("=")
+            name = resolve_name(name)
+            if sep:
+                if not Path(path).exists():
+                    raise UsageError(f"benchmark file {path!r} (for {name}) does not exist")
+                self.benchmark_paths[name] = path
+            if name not in names:
+                names.append(name)
+        self.benchmarks = tuple(names)
+        if self.n < 1:
+            raise UsageError(f"n={self.n} must be >= 1")
+        self.ks = tuple(sorted(set(int(k) for k in self.ks)))
+        bad = [k for k in self.ks if not 1 <= k <= self.n]
+        if not self.ks or bad:
+            raise UsageError(f"k={bad or '(none)'} invalid: every k must be in [1, n={self.n}]")
+        if self.max_new_tokens < 1:
+            raise UsageError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.temperature < 0:
+            raise UsageError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.top_k < 0:
+            raise UsageError(f"top_k={self.top_k} must be >= 0 (0 = off)")
+        if self.limit is not None and self.limit < 1:
+            raise UsageError(f"limit={self.limit} must be >= 1")
+        if self.batch_size < 1:
+            raise UsageError(f"batch_size={self.batch_size} must be >= 1")
+        if self.verify_timeout < 1:
+            raise UsageError(f"verify_timeout={self.verify_timeout} must be >= 1 second")
+        if self.backend not in ("auto", "transformers", "vllm"):
+            raise UsageError(f"backend={self.backend!r}; valid: auto, transformers, vllm")
+        if self.chat not in ("auto", "on", "off"):
+            raise UsageError(f"chat={self.chat!r}; valid: auto, on, off")
+        if self.prompt_template is not None and "{question}" not in self.prompt_template:
+            raise UsageError(
+                f"prompt_template {self.prompt_template!r:.60} has no {{question}} placeholder"
+            )
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise UsageError(f"--data-dir {self.data_dir} is not a folder")
+        if self.output is None:
+            slug = re.sub(r"[^A-Za-z0-9._-]+", "_", self.model.rstrip("/").split("/")[-1])
+            self.output = str(Path("eval_results") / (slug or "model"))
+        if self.label is None:
+            self.label = self.model.rstrip("/").split("/")[-1] or self.model
+
+    def sampling(self) -> SamplingSettings:
+        return SamplingSettings(
+            self.n, self.max_new_tokens, self.temperature, self.top_p, self.top_k
+        )
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings that change completions or scores: a cache is only reused when they match."""
+        return {
+            "model": self.model,
+            **asdict(self.sampling()),
+            "seed": self.seed,
+            "prompt_template": self.prompt_template,
+            "chat": self.chat,
+            "system_prompt": self.system_prompt,
+            "require_boxed": self.require_boxed,
+            "verify_timeout": self.verify_timeout,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume cache
+# ---------------------------------------------------------------------------------------------
+
+
+class SampleCache:
+    """Append-only JSONL of finished problems, keyed by (benchmark, problem_id)."""
+
+    def __init__(self, path: Path, fingerprint: dict[str, Any], overwrite: bool) -> None:
+        self.path = path
+        self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        if overwrite and path.exists():
+            path.unlink()
+        if path.exists():
+            self._load(fingerprint)
+        else:
+            self._append({"type": "header", "fingerprint": fingerprint})
+
+    def _load(self, fingerprint: dict[str, Any]) -> None:
+        raw = self.path.read_bytes()
+        if raw and not raw.endswith(b"\n"):  # the last line was cut off by an interrupt
+            keep = raw.rfind(b"\n") + 1
+            print(f"d3s eval: dropping an incomplete last line of {self.path}", file=sys.stderr)
+            with self.path.open("r+b") as f:
+                f.truncate(keep)
+            raw = raw[:keep]
+        parsed = []
+        for i, line in enumerate(raw.decode("utf-8").splitlines()):
+            if not line.strip():
+                continue
+            try:
+                parsed.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise UsageError(
+                    f"{self.path}:{i + 1}: corrupt cache line ({e.msg}); use --overwrite"
+                ) from e
+        if not parsed or parsed[0].get("type") != "header":
+            raise UsageError(f"{self.path} is not a d3s eval cache; use --overwrite")
+        old = parsed[0]["fingerprint"]
+        diff = [f"{k}: cached {old.get(k)!r} != now {v!r}" for k, v in fingerprint.items()
+                if old.get(k) != v]
+        if diff:
+            raise UsageError(
+                f"{self.path} was written with other settings ({'; '.join(diff)}); "
+                "pass --overwrite to discard it or choose another --output"
+            )
+        for rec in parsed[1:]:
+            self.records[(rec["benchmark"], rec["problem_id"])] = rec
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def get(self, problem: Problem) -> dict[str, Any] | None:
+        rec = self.records.get((problem.benchmark, problem.problem_id))
+        if rec is not None and rec["digest"] != problem.digest:
+            raise UsageError(
+                f"{self.path}: cached {problem.benchmark} problem {problem.problem_id} differs "
+                "from the dataset now loaded (another dataset version?); use --overwrite"
+            )
+        return rec
+
+    def put(self, record: dict[str, Any]) -> None:
+        self._append(record)
+        self.records[(record["benchmark"], record["problem_id"])] = record
+
+
+# ---------------------------------------------------------------------------------------------
+# Run
+# ---------------------------------------------------------------------------------------------
+
+
+def _call_seed(seed: int, problem: Problem) -> int:
+    """Seed of the sampling call that starts at `problem` (independent of what ran before)."""
+    return (seed * 1_000_003 + zlib.crc32(f"{problem.benchmark}/{problem.problem_id}".encode())) % (
+        2**31
+    )
+
+
+def load_problems(config: EvalConfig) -> dict[str, list[Problem]]:
+    """All benchmarks' problems (first `limit` of each), loaded before any model work."""
+    out = {}
+    for name in config.benchmarks:
+        problems = load_benchmark(name, config.data_dir, config.benchmark_paths.get(name))
+        if not problems:
+            raise UsageError(f"{name}: the dataset holds no problems")
+        out[name] = problems[: config.limit] if config.limit else problems
+    return out
+
+
+def score_problem(
+    problem: Problem, completions: Sequence[str], config: EvalConfig
+) -> dict[str, Any]:
+    """Cache record of one problem: its completions, their scores and any verifier failures."""
+    scorer = BENCHMARKS[problem.benchmark].scorer
+    scores, failures = [], []
+    for completion in completions:
+        s = score_completion(
+            completion,
+            problem.gold,
+            scorer,
+            timeout_s=config.verify_timeout,
+            require_boxed=config.require_boxed,
+        )
+        scores.append(s.value)
+        if s.failure:
+            failures.append(s.failure)
+    return {
+        "type": "problem",
+        "benchmark": problem.benchmark,
+        "problem_id": problem.problem_id,
+        "digest": problem.digest,
+        "gold": problem.gold,
+        "completions": list(completions),
+        "scores": scores,
+        "n_correct": int(sum(v == 1.0 for v in scores)),
+        "verify_failures": failures,
+    }
+
+
+def run_eval(
+    config: EvalConfig,
+    sampler_factory: Callable[[EvalConfig], Sampler] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate, resuming from the output folder's cache; write and return the results dict."""
+    problems = load_problems(config)
+    out_dir = Path(config.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache = SampleCache(out_dir / CACHE_NAME, config.fingerprint(), config.overwrite)
+
+    todo = {b: [p for p in ps if cache.get(p) is None] for b, ps in problems.items()}
+    total = sum(len(ps) for ps in problems.values())
+    remaining = sum(len(ps) for ps in todo.values())
+    if remaining:
+        factory = sampler_factory or (
+            lambda c: make_sampler(
+                c.backend, c.model, device=c.device, dtype=c.dtype, batch_size=c.batch_size
+            )
+        )
+        sampler = factory(config)
+        chat = uses_chat(sampler.tokenizer, config.chat)
+        sampler.add_special_tokens = not chat  # a chat template already carries BOS
+        try:
+            from tqdm.auto import tqdm
+        except ImportError as e:
+            raise ImportError("d3s eval needs tqdm: pip install 'd3s[eval]'") from e
+        bar = tqdm(total=total, initial=total - remaining, unit="problem", disable=not progress,
+                   desc="d3s eval")
+        step = problems_per_call(config.n, config.batch_size)
+        for name, pending in todo.items():
+            template = config.prompt_template or default_template(name)
+            for start in range(0, len(pending), step):
+                chunk = pending[start : start + step]
+                bar.set_postfix_str(name)
+                prompts = [
+                    render_prompt(
+                        sampler.tokenizer,
+                        fill_template(template, p.question),
+                        config.chat,
+                        config.system_prompt,
+                    )
+                    for p in chunk
+                ]
+                outputs = sampler.sample(prompts, config.sampling(), _call_seed(config.seed, chunk[0]))
+                for problem, completions in zip(chunk, outputs):
+                    cache.put(score_problem(problem, completions, config))
+                bar.update(len(chunk))
+        bar.close()
+
+    results = assemble_results(config, problems, cache)
+    for name, bench in results["benchmarks"].items():
+        if bench["verify_failures"]:
+            print(
+                f"d3s eval: warning: {name}: {bench['verify_failures']} completion(s) scored 0 "
+                f"because verification failed or timed out (details in {cache.path})",
+                file=sys.stderr,
+            )
+    write_json(out_dir / "results.json", results)
+    (out_dir / "results.md").write_text(render_report(results), encoding="utf-8")
+    return results
+
+
+def assemble_results(
+    config: EvalConfig, problems: dict[str, list[Problem]], cache: SampleCache
+) -> dict[str, Any]:
+    """The results dict: settings, per-benchmark correct counts and metrics, average."""
+    benchmarks = {}
+    for name, ps in problems.items():
+        records = [cache.get(p) for p in ps]
+        n_correct = [r["n_correct"] for r in records]
+        benchmarks[name] = {
+            "title": BENCHMARKS[name].title,
+            "n": config.n,
+            "num_problems": len(ps),
+            "metrics": benchmark_metrics(n_correct, config.n, config.ks),
+            "verify_failures": sum(len(r["verify_failures"]) for r in records),
+            "n_correct": n_correct,
+        }
+    return {
+        "format": RESULTS_FORMAT,
+        "label": config.label,
+        "model": config.model,
+        "ks": list(config.ks),
+        "settings": {**config.fingerprint(), "limit": config.limit, "backend": config.backend},
+        "benchmarks": benchmarks,
+        "average": average_metrics({b: v["metrics"] for b, v in benchmarks.items()}),
+    }

@@ -1,0 +1,264 @@
+"""The embedded task of `d3s train` and its held-out benchmark `arith`.
+
+One module defines the task so that training and evaluation cannot drift apart: the generator
+configuration (reasoning-gym `basic_arithmetic`), the seeds, the prompt, and the reward.
+
+Train / held-out disjointness. Held-out problems come from `heldout_seed`, training problems from
+`train_seed`, and every training problem whose canonical form (`canonical_key`) equals a held-out
+one is dropped. The canonical form sorts the operands of a chain of a single commutative operator,
+so `3 + 4` and `4 + 3` are the same problem: a swapped-operand copy of a held-out problem is
+never trained on.
+
+Reward. `arith_reward` reads the answer in a completion as the content of its last `\\boxed{}`
+when there is one, otherwise its last number, and compares it numerically with the gold answer.
+It is pure and returns 0.0 for anything it cannot read (empty, no number).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+ARITH_INSTRUCTION = "Answer with only the final number."
+
+
+@dataclass(frozen=True)
+class ArithmeticTaskConfig:
+    """reasoning-gym `basic_arithmetic` settings, seeds and prompt of the embedded task.
+
+    The defaults are the setting measured for the default `d3s train` run: 2 terms, 1 digit,
+    `+ - *`, no brackets, no negation (11 x 11 x 3 = 363 expressions, 253 once swapped operands
+    of `+` and `*` are identified).
+    """
+
+    min_terms: int = 2
+    """Fewest terms in an expression."""
+    max_terms: int = 2
+    """Most terms in an expression."""
+    min_digits: int = 1
+    """Fewest digits per operand."""
+    max_digits: int = 1
+    """Most digits per operand."""
+    operators: tuple[str, ...] = ("+", "-", "*")
+    """Operators drawn from; a subset of `+ - * /`."""
+    allow_parentheses: bool = False
+    """Whether expressions may contain brackets."""
+    allow_negation: bool = False
+    """Whether operands may be negated."""
+    train_seed: int = 1
+    """Seed of the training problem stream."""
+    heldout_seed: int = 10_000
+    """Seed of the held-out problem stream; must differ from `train_seed`."""
+    heldout_size: int = 200
+    """Number of distinct held-out problems."""
+    instruction: str = ARITH_INSTRUCTION
+    """Appended to every question."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further `basic_arithmetic` keyword arguments (e.g. `whitespace`, `format_style`)."""
+
+    def __post_init__(self) -> None:
+        if self.train_seed == self.heldout_seed:
+            raise ValueError(
+                f"train_seed={self.train_seed} equals heldout_seed={self.heldout_seed}; "
+                "they must differ so the streams are independent"
+            )
+        if self.heldout_size < 1:
+            raise ValueError(f"heldout_size={self.heldout_size} must be >= 1")
+        bad = [op for op in self.operators if op not in ("+", "-", "*", "/")]
+        if not self.operators or bad:
+            raise ValueError(f"operators={self.operators!r}: each must be one of + - * /")
+        if not 1 <= self.min_terms <= self.max_terms:
+            raise ValueError(
+                f"min_terms={self.min_terms}, max_terms={self.max_terms}: need 1 <= min <= max"
+            )
+        if not 1 <= self.min_digits <= self.max_digits:
+            raise ValueError(
+                f"min_digits={self.min_digits}, max_digits={self.max_digits}: need 1 <= min <= max"
+            )
+
+    def generator_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `reasoning_gym.create_dataset("basic_arithmetic", ...)`."""
+        kw = asdict(self)
+        for name in ("train_seed", "heldout_seed", "heldout_size", "instruction", "extra"):
+            kw.pop(name)
+        kw["operators"] = tuple(self.operators)
+        kw.update(self.extra)
+        return kw
+
+
+def generate_problems(config: ArithmeticTaskConfig, seed: int, size: int) -> list[dict[str, str]]:
+    """The first `size` problems of the reasoning-gym stream with this seed (duplicates kept).
+
+    Returns dicts with `question` (the bare reasoning-gym question), `answer` (a number as text)
+    and `expression` (e.g. `"4 - 1"`).
+    """
+    try:
+        import reasoning_gym
+    except ImportError as e:
+        raise ImportError(
+            "the arithmetic task needs reasoning-gym: pip install reasoning-gym"
+        ) from e
+    ds = reasoning_gym.create_dataset(
+        "basic_arithmetic", seed=seed, size=size, **config.generator_kwargs()
+    )
+    return [
+        {
+            "question": item["question"],
+            "answer": str(item["answer"]),
+            "expression": item["metadata"]["expression"],
+        }
+        for item in ds
+    ]
+
+
+_TOKEN_RE = re.compile(r"\s*(\d+(?:\.\d+)?|[-+*/()])")
+
+
+def canonical_key(expression: str) -> str:
+    """A form equal for expressions that are the same problem up to swapped operands.
+
+    A flat chain of one commutative operator (`a + b + c`, `a * b`) has its operands sorted;
+    anything else (mixed operators, brackets, `-`, `/`) is only whitespace-normalised.
+    """
+    tokens = _TOKEN_RE.findall(expression)
+    if "".join(tokens) != re.sub(r"\s+", "", expression):
+        return re.sub(r"\s+", "", expression)  # not a plain expression: keep it as written
+    operands, ops = tokens[0::2], set(tokens[1::2])
+    is_chain = len(ops) == 1 and all(re.fullmatch(r"\d+(?:\.\d+)?", t) for t in operands)
+    if is_chain and ops <= {"+", "*"}:
+        (op,) = ops
+        ordered = sorted(operands, key=lambda t: (float(t), t))
+        return op.join(ordered)
+    return "".join(tokens)
+
+
+def _distinct_problems(config: ArithmeticTaskConfig, seed: int, count: int, exclude: set[str]):
+    """First `count` problems of the seed's stream with distinct keys not in `exclude`."""
+    max_draws = max(1000, 100 * count)
+    problems, seen = [], set(exclude)
+    for problem in generate_problems(config, seed, max_draws):
+        key = canonical_key(problem["expression"])
+        if key in seen:
+            continue
+        seen.add(key)
+        problems.append(problem)
+        if len(problems) == count:
+            return problems
+    raise ValueError(
+        f"only {len(problems)} distinct problems (of {count} asked) in {max_draws} draws with "
+        f"seed={seed} for {config.generator_kwargs()}; make the task larger (more digits or "
+        "terms) or ask for fewer problems"
+    )
+
+
+def heldout_problems(config: ArithmeticTaskConfig) -> list[dict[str, str]]:
+    """The `heldout_size` distinct held-out problems (fixed by `heldout_seed`)."""
+    return _distinct_problems(config, config.heldout_seed, config.heldout_size, exclude=set())
+
+
+def heldout_keys(config: ArithmeticTaskConfig) -> set[str]:
+    """Canonical keys of the held-out problems: what training must never see."""
+    return {canonical_key(p["expression"]) for p in heldout_problems(config)}
+
+
+def train_problems(config: ArithmeticTaskConfig, size: int) -> list[dict[str, str]]:
+    """`size` training problems from `train_seed`, none equal to a held-out one up to swaps.
+
+    Repeats are kept (it is a training stream): the task space may be small. Raises ValueError
+    when held-out problems cover the whole task space.
+    """
+    banned = heldout_keys(config)
+    out: list[dict[str, str]] = []
+    draws = max(1000, 4 * size)
+    for problem in generate_problems(config, config.train_seed, draws):
+        if canonical_key(problem["expression"]) not in banned:
+            out.append(problem)
+            if len(out) == size:
+                return out
+    raise ValueError(
+        f"only {len(out)} of {draws} training draws avoid the {len(banned)} held-out problems "
+        f"for {config.generator_kwargs()}; make the task larger or heldout_size smaller"
+    )
+
+
+def prompt_text(question: str, instruction: str = ARITH_INSTRUCTION) -> str:
+    """The user message of a problem: the question, then the instruction."""
+    return f"{question} {instruction}".strip()
+
+
+def prompt_messages(question: str, instruction: str = ARITH_INSTRUCTION) -> list[dict[str, str]]:
+    """The problem as a conversational prompt (TRL's `prompt` column format)."""
+    return [{"role": "user", "content": prompt_text(question, instruction)}]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward / verifier
+# ---------------------------------------------------------------------------------------------
+
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i, depth = start + len("\\boxed{"), 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None  # unbalanced: no answer
+
+
+def extract_final_number(text: str) -> float | None:
+    """The number a completion answers: in its last `\\boxed{}` if any, else its last number."""
+    boxed = _last_boxed(text)
+    source = boxed if boxed is not None else text
+    matches = _NUMBER_RE.findall(source.replace(",", ""))
+    if not matches:
+        return None
+    value = float(matches[-1])
+    return value if math.isfinite(value) else None
+
+
+def numbers_equal(predicted: float | None, gold: float, rel_tol: float = 1e-6) -> bool:
+    """Numeric equality with a relative tolerance (absolute near zero)."""
+    if predicted is None:
+        return False
+    return abs(predicted - gold) <= rel_tol * max(1.0, abs(gold))
+
+
+def _completion_text(completion: str | Sequence[dict[str, str]]) -> str:
+    """Text of a completion: a plain string, or the last message of a conversational one."""
+    if isinstance(completion, str):
+        return completion
+    if completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return ""
+
+
+def score_arith(completion: str, answer: str) -> float:
+    """1.0 if the completion's final number equals `answer` numerically, else 0.0."""
+    try:
+        gold = float(str(answer).replace(",", ""))
+    except ValueError:
+        return 0.0
+    return 1.0 if numbers_equal(extract_final_number(completion), gold) else 0.0
+
+
+def arith_reward(
+    completions: Sequence[str | Sequence[dict[str, str]]], answer: Sequence[str], **_: Any
+) -> list[float]:
+    """TRL reward function of the task: `(completions, answer=...) -> [0.0 | 1.0]` per completion.
+
+    `completions` are strings or conversational completions (lists of messages); `answer` is the
+    dataset column of gold answers, aligned with `completions`.
+    """
+    if len(completions) != len(answer):
+        raise ValueError(
+            f"{len(completions)} completions but {len(answer)} answers; they must align"
+        )
+    return [score_arith(_completion_text(c), a) for c, a in zip(completions, answer)]

@@ -1,0 +1,95 @@
+"""Token mask (paper eq. 8) against a sort-based reference."""
+
+import math
+
+import pytest
+import torch
+
+import d3s
+
+
+def sort_reference(advantages, entropies, completion_mask, fraction):
+    """Sort every valid token by (score desc, flat index asc) and keep the first ceil(K * n)."""
+    S, T = entropies.shape
+    items = []
+    for i in range(S):
+        for t in range(T):
+            if completion_mask[i, t]:
+                a = advantages[i] if advantages.dim() == 1 else advantages[i, t]
+                items.append((-(abs(float(a)) * float(entropies[i, t])), i * T + t))
+    items.sort()
+    k = max(1, math.ceil(round(fraction * len(items), 9))) if items else 0
+    mask = torch.zeros(S * T, dtype=torch.bool)
+    for _, flat in items[:k]:
+        mask[flat] = True
+    return mask.view(S, T)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_matches_sort_reference(seed):
+    g = torch.Generator().manual_seed(seed)
+    S, T = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 12, (1,), generator=g))
+    lengths = torch.randint(0, T + 1, (S,), generator=g)
+    completion_mask = torch.arange(T)[None, :] < lengths[:, None]
+    if seed % 3 == 0:  # ties: few distinct advantages and entropies, some zero
+        advantages = torch.randint(-1, 2, (S,), generator=g).float()
+        entropies = torch.randint(0, 3, (S, T), generator=g).float()
+    elif seed % 3 == 1:  # per-token advantages
+        advantages = torch.randn(S, T, generator=g)
+        entropies = torch.rand(S, T, generator=g)
+    else:
+        advantages = torch.randn(S, generator=g)
+        entropies = torch.rand(S, T, generator=g) * 5
+    fraction = [0.05, 0.2, 0.5, 0.07, 1.0][seed % 5]
+    got = d3s.token_mask(advantages, entropies, completion_mask, fraction)
+    ref = sort_reference(advantages, entropies, completion_mask, fraction)
+    assert torch.equal(got, ref)
+
+
+def test_exact_count_never_padding_at_least_one():
+    g = torch.Generator().manual_seed(0)
+    S, T = 16, 40
+    completion_mask = torch.rand(S, T, generator=g) < 0.6
+    adv = torch.zeros(S)  # every score ties at 0
+    ent = torch.rand(S, T, generator=g)
+    for fraction in (1e-6, 0.05, 0.2, 1.0):
+        m = d3s.token_mask(adv, ent, completion_mask, fraction)
+        n_valid = int(completion_mask.sum())
+        assert int(m.sum()) == max(1, math.ceil(round(fraction * n_valid, 9)))
+        assert not (m & ~completion_mask).any()
+
+
+def test_no_valid_tokens_gives_empty_mask():
+    m = d3s.token_mask(torch.ones(3), torch.rand(3, 4), torch.zeros(3, 4, dtype=torch.bool), 0.5)
+    assert not m.any()
+
+
+def test_num_tokens_to_keep_rounding():
+    assert d3s.num_tokens_to_keep(100, 0.07) == 7  # 0.07 * 100 = 7.000000000000001 in float
+    assert d3s.num_tokens_to_keep(101, 0.07) == 8
+    assert d3s.num_tokens_to_keep(3, 0.01) == 1
+    assert d3s.num_tokens_to_keep(0, 0.5) == 0
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match=f"fraction={bad}"):
+            d3s.num_tokens_to_keep(10, bad)
+
+
+def test_global_threshold_from_gathered_scores_equals_single_process():
+    """Two 'processes' each hold half the rows: gather, cut once, slice — same as one process."""
+    g = torch.Generator().manual_seed(7)
+    adv = torch.randn(6, generator=g)
+    ent = torch.rand(6, 10, generator=g)
+    cm = torch.rand(6, 10, generator=g) < 0.8
+    whole = d3s.token_mask(adv, ent, cm, 0.2)
+    scores = [d3s.token_scores(adv[:3], ent[:3], cm[:3]), d3s.token_scores(adv[3:], ent[3:], cm[3:])]
+    gathered = torch.cat(scores)
+    k = d3s.num_tokens_to_keep(int(cm.sum()), 0.2)
+    mask = d3s.top_tokens_mask(gathered, k)
+    assert torch.equal(mask[:3], whole[:3]) and torch.equal(mask[3:], whole[3:])
+
+
+def test_scores_are_detached():
+    adv = torch.randn(2, requires_grad=True)
+    ent = torch.rand(2, 3, requires_grad=True)
+    s = d3s.token_scores(adv, ent, torch.ones(2, 3, dtype=torch.bool))
+    assert not s.requires_grad
