@@ -62,27 +62,29 @@ TRL_VERSION_RANGE = (Version("1.16.0"), Version("1.17"))
 
 OVERRIDDEN_TRL_METHODS = {
     "_calculate_rewards": "(self, inputs, prompts, completions, completion_ids_list)",
-    "_generate_and_score_completions": "(self, inputs: list[dict[str, torch.Tensor | Any]]) -> dict[str, torch.Tensor | Any]",
+    "_generate_and_score_completions": "(self, inputs)",
     "_compute_loss": "(self, model, inputs)",
 }
-"""GRPOTrainer methods this module overrides, with the TRL signatures they were written against."""
+"""GRPOTrainer methods this module overrides, with the parameters they were written against."""
 
 USED_TRL_METHODS = {
     "_get_per_token_logps_and_entropies": (
         "(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, "
         "compute_aux_loss=False, pixel_values=None, image_grid_thw=None, num_images=None, "
         "pixel_attention_mask=None, spatial_shapes=None, num_tiles=None, image_sizes=None, token_type_ids=None, "
-        "mm_token_type_ids=None, image_position_ids=None) -> tuple[torch.Tensor, torch.Tensor | None, "
-        "torch.Tensor | None]"
+        "mm_token_type_ids=None, image_position_ids=None)"
     ),
-    "_prepare_inputs": "(self, generation_batch: dict[str, torch.Tensor | Any]) -> dict[str, torch.Tensor | Any]",
-    "get_off_policy_mask": (
-        "(advantages: torch.Tensor, per_token_logps: torch.Tensor, sampling_per_token_logps: torch.Tensor, "
-        "mask: torch.Tensor, off_policy_threshold: float) -> torch.Tensor"
-    ),
+    "_prepare_inputs": "(self, generation_batch)",
+    "get_off_policy_mask": "(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)",
 }
 """GRPOTrainer methods this module calls or relies on (`_prepare_inputs` shuffles the generation
-batch and splits it into `steps_per_generation` micro-batches), with their verified signatures."""
+batch and splits it into `steps_per_generation` micro-batches), with their verified parameters."""
+
+
+def _parameters(method) -> str:
+    """A method's parameters with defaults, without annotations: "(self, model, inputs)"."""
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in inspect.signature(method).parameters.values()]
+    return str(inspect.Signature(params))
 
 
 def trl_signature_mismatches() -> dict[str, tuple[str, str]]:
@@ -90,7 +92,7 @@ def trl_signature_mismatches() -> dict[str, tuple[str, str]]:
     out = {}
     for name, expected in {**OVERRIDDEN_TRL_METHODS, **USED_TRL_METHODS}.items():
         method = getattr(GRPOTrainer, name, None)
-        found = "<missing>" if method is None else str(inspect.signature(method))
+        found = "<missing>" if method is None else _parameters(method)
         if found != expected:
             out[name] = (expected, found)
     return out
