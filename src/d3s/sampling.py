@@ -189,10 +189,13 @@ def select_rollouts(
     elif mode == "pods":
         mask = _rowwise_mask_with_invalid(rewards.view(B, G), valid.view(B, G), n_keep).view(-1)
     elif mode == "cross":
-        mask = torch.zeros_like(valid)
-        cand = valid.nonzero().flatten()  # (V,)
-        if cand.numel() > 0:
-            mask[cand[max_variance_subset(advantages[cand], n_keep * B)]] = True
+        if valid.all():  # the common case: one selection over the whole batch
+            mask = max_variance_mask(advantages.unsqueeze(0), n_keep * B).squeeze(0)
+        else:
+            mask = torch.zeros_like(valid)
+            cand = valid.nonzero().flatten()  # (V,) scorable rows
+            if cand.numel() > 0:
+                mask[cand[max_variance_subset(advantages[cand], n_keep * B)]] = True
     else:
         raise ValueError(f"mode={mode!r}; valid: 'none', 'intra', 'cross', 'pods'")
 
