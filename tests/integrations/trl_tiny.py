@@ -54,6 +54,7 @@ def tiny_model(seed: int = 0, hidden_size: int = 32, num_hidden_layers: int = 2)
         eos_token_id=EOS,
         bos_token_id=None,
         tie_word_embeddings=False,
+        initializer_range=0.3,  # a peaked policy: entropies that differ from token to token
     )
     return LlamaForCausalLM(config).float()
 
@@ -96,3 +97,96 @@ def make_rollout_func(max_len: int, num_generations: int, *, empty_every: int = 
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
     return rollout_func
+
+
+def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, reward_funcs=length_reward,
+                 rollout_func=None, max_len: int = 8, num_generations: int = 4, train_dataset=None,
+                 callbacks=(), **config):
+    """Build a tiny trainer, train it, return it with a `GradRecorder` of every optimizer step.
+
+    Defaults: 16 rollouts per generation (4 prompts x G=4), SGD (no Adam amplification of float
+    noise), fp32, CPU, no checkpoints, one log per step.
+    """
+    defaults = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=1,
+        num_generations=num_generations,
+        max_completion_length=max_len,
+        max_steps=2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,  # no clipping: the captured gradients are the raw ones
+        loss_type="grpo",
+        disable_tqdm=True,
+    )
+    defaults.update(config)
+    args = config_cls(**defaults)
+    recorder = GradRecorder()
+    trainer = trainer_cls(
+        model=tiny_model(model_seed),
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train_dataset if train_dataset is not None else prompt_dataset(),
+        processing_class=tiny_tokenizer(),
+        rollout_func=rollout_func or make_rollout_func(max_len, num_generations),
+        callbacks=[recorder, *callbacks],
+    )
+    trainer.train()
+    trainer.grad_recorder = recorder
+    return trainer
+
+
+def flat_params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def step_logs(trainer) -> list[dict]:
+    """The per-step log entries (without the final summary)."""
+    return [h for h in trainer.state.log_history if "loss" in h]
+
+
+from transformers import TrainerCallback  # noqa: E402
+
+
+class GradRecorder(TrainerCallback):
+    """Keeps a flat copy of the gradients just before every optimizer step."""
+
+    def __init__(self):
+        self.grads: list[torch.Tensor] = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.grads.append(
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).clone()
+                       for p in model.parameters()])
+        )
+
+
+class RowCounter(TrainerCallback):
+    """Counts the rows the policy's forward sees with grad enabled (the training forward), per step."""
+
+    def __init__(self):
+        self.rows_per_step: list[int] = []
+        self._rows = 0
+        self._handle = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        def hook(module, args_, kwargs_):
+            if torch.is_grad_enabled():
+                ids = kwargs_.get("input_ids", args_[0] if args_ else None)
+                self._rows += ids.size(0)
+
+        self._handle = model.model.register_forward_pre_hook(hook, with_kwargs=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.rows_per_step.append(self._rows)
+        self._rows = 0
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._handle.remove()

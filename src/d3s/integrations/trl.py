@@ -51,11 +51,17 @@ except ImportError as err:  # pragma: no cover - exercised only without trl
 
 from packaging.version import Version
 
-from d3s.loss import policy_loss
-from d3s.metrics import population_variance, sample_usefulness_rate
-from d3s.sampling import select_rollouts
-from d3s.tokens import num_tokens_to_keep, token_scores, top_tokens_mask
-from d3s.variants import Variant, get_variant
+from d3s import (
+    Variant,
+    get_variant,
+    num_tokens_to_keep,
+    policy_loss,
+    population_variance,
+    sample_usefulness_rate,
+    select_rollouts,
+    token_scores,
+    top_tokens_mask,
+)
 
 TRL_VERSION_RANGE = (Version("1.16.0"), Version("1.17"))
 """TRL versions this glue was verified against: [1.16.0, 1.17)."""

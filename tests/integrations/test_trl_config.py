@@ -1,0 +1,126 @@
+"""D3SConfig: variant shortcut, validation before any model loads, and the pinned TRL surface."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("trl")
+
+import trl  # noqa: E402
+from packaging.version import Version  # noqa: E402
+
+from d3s import linear_schedule  # noqa: E402
+from d3s.integrations.trl import (  # noqa: E402
+    TRL_VERSION_RANGE,
+    D3SConfig,
+    trl_signature_mismatches,
+)
+
+
+def config(tmp_path, **kwargs) -> D3SConfig:
+    defaults = dict(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=8, num_generations=8,
+                    report_to=[])
+    defaults.update(kwargs)
+    return D3SConfig(**defaults)
+
+
+def test_import_d3s_does_not_import_trl():
+    code = "import sys, d3s, d3s.integrations; assert 'trl' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_installed_trl_is_in_the_verified_range():
+    low, high = TRL_VERSION_RANGE
+    assert low <= Version(trl.__version__) < high, (
+        f"trl {trl.__version__} is outside the verified range [{low}, {high}); re-verify the overridden methods"
+    )
+
+
+def test_overridden_trl_methods_keep_their_signatures():
+    mismatches = trl_signature_mismatches()
+    assert not mismatches, "TRL changed methods that D3SGRPOTrainer overrides or calls:\n" + "\n".join(
+        f"  {name}: expected {expected}, found {found}" for name, (expected, found) in mismatches.items()
+    )
+
+
+def test_default_is_plain_grpo(tmp_path):
+    args = config(tmp_path)
+    assert (args.sample_selection, args.token_selection, args.schedule, args.normalizer) == (
+        "none", False, "constant", "selected")
+    assert args.d3s_settings.schedule_at(0.5) == (8, 1.0)
+
+
+def test_variant_d3s_scales_the_paper_counts_to_num_generations(tmp_path):
+    args = config(tmp_path, variant="d3s", num_generations=16, per_device_train_batch_size=16)
+    # paper: G = 32, N 8 -> 32, K 5% -> 20%; here G = 16 -> N 4 -> 16
+    assert (args.sample_selection, args.token_selection, args.schedule) == ("cross", True, "linear")
+    assert (args.n_init, args.n_final, args.k_init, args.k_final) == (4, 16, 0.05, 0.2)
+    assert args.d3s_settings.schedule_at(0.5) == linear_schedule(0.5, 4, 16, 0.05, 0.2, 16)
+
+
+def test_variant_with_the_papers_group_size_keeps_the_papers_values(tmp_path):
+    args = config(tmp_path, variant="d3s-i", num_generations=32, per_device_train_batch_size=32)
+    assert (args.sample_selection, args.n_init, args.n_final, args.k_init, args.k_final) == (
+        "intra", 8, 32, 0.05, 0.2)
+
+
+def test_explicit_fields_win_over_the_variant(tmp_path):
+    args = config(tmp_path, variant="d3s", n_init=3, k_final=0.5, normalizer="all")
+    assert (args.n_init, args.n_final, args.k_init, args.k_final, args.normalizer) == (3, 8, 0.05, 0.5, "all")
+
+
+def test_gspo_variant_sets_the_sequence_level_and_combines_with_others(tmp_path):
+    assert config(tmp_path, variant="gspo").importance_sampling_level == "sequence"
+    args = config(tmp_path, variant="d2s", importance_sampling_level="sequence")
+    assert args.d3s_settings.importance_sampling_level == "sequence_token"
+    assert config(tmp_path, importance_sampling_level="sequence_token").importance_sampling_level == "sequence"
+
+
+def test_resolving_the_d3s_fields_twice_changes_nothing(tmp_path):
+    args = config(tmp_path, variant="d3s")
+    before = args.to_dict()
+    args._resolve_d3s()  # the fields are concrete now: nothing left for the variant to fill
+    assert args.to_dict() == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(variant="d4s"), "variant='d4s'"),
+        (dict(sample_selection="cross", n_init=9), "n_init=9"),
+        (dict(sample_selection="cross", n_init=1), "n_init=1"),
+        (dict(sample_selection="cross"), "needs n_init"),
+        (dict(sample_selection="random", n_init=4), "sample_selection='random'"),
+        (dict(token_selection=True, k_init=0.0), "k_init=0.0"),
+        (dict(token_selection=True, k_init=1.5), "k_init=1.5"),
+        (dict(token_selection=True), "needs k_init"),
+        (dict(n_init=4), "sample_selection='none'"),
+        (dict(k_init=0.1), "token_selection=False"),
+        (dict(sample_selection="cross", n_init=2, n_final=8), "schedule='constant'"),
+        (dict(sample_selection="cross", n_init=8, n_final=2, schedule="linear"), "allow_tightening"),
+        (dict(schedule="cosine"), "schedule='cosine'"),
+        (dict(normalizer="mean"), "normalizer='mean'"),
+        (dict(variant="d2s", top_entropy_quantile=0.2), "top_entropy_quantile=0.2"),
+        (dict(top_entropy_quantile=0.2), "top_entropy_quantile=0.2"),
+        (dict(loss_type="sapo"), "loss_type='sapo'"),
+        (dict(loss_type="cispo"), "loss_type='cispo'"),
+        (dict(variant="grpo", importance_sampling_level="sequence"), "variant='gspo'"),
+        (dict(importance_sampling_level="group"), "importance_sampling_level='group'"),
+        (dict(entropy_coef=0.01), "entropy_coef=0.01"),
+        (dict(delta=2.0), "delta=2.0"),
+    ],
+)
+def test_inconsistent_settings_are_rejected_with_the_values(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        config(tmp_path, **kwargs)
+
+
+def test_trainer_refuses_a_plain_grpo_config(tmp_path):
+    from trl import GRPOConfig
+
+    from d3s.integrations.trl import D3SGRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=8, num_generations=8)
+    with pytest.raises(TypeError, match="D3SConfig"):
+        D3SGRPOTrainer(model="unused", reward_funcs=[], args=args)
