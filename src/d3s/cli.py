@@ -130,7 +130,7 @@ def cmd_eval_table(argv: Sequence[str]) -> int:
     results = [load_results(path) for path in args.results]
     labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
     table = render_table(results, labels=labels, ks=args.k)
-    print(table)
+    print(table, end="")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(table)

@@ -1,0 +1,198 @@
+"""End to end: `d3s eval` / `d3s eval-table` on a tiny local model and fixture benchmarks."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from d3s.cli import main
+from d3s.evaluation.generation import TransformersSampler
+from d3s.evaluation.runner import EvalConfig, run_eval
+from d3s.metrics import pass_at_k
+
+
+def read_cache(out: Path) -> list[dict]:
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines[1:]]
+
+
+def answered(completion: str) -> str | None:
+    m = re.search(r"\\boxed\{\s*(\d+)\s*\}", completion)
+    return m.group(1) if m else None
+
+
+def eval_args(model, bench, out, *extra):
+    return ["eval", "--model", str(model), "--benchmarks", f"gsm8k={bench}", "--output",
+            str(out), "--max-new-tokens", "6", "--no-progress", *extra]
+
+
+def test_greedy_eval_end_to_end(tiny_model, tiny_gsm8k, tmp_path, capsys):
+    out = tmp_path / "greedy"
+    rc = main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "2", "--k", "1,2",
+                        "--temperature", "0"))
+    assert rc == 0
+    records = read_cache(out)
+    assert [r["completions"] for r in records] == [["\\boxed{ 7 }"] * 2] * 3
+    assert [r["n_correct"] for r in records] == [2, 0, 0]  # golds 7, 3, 5
+    results = json.loads((out / "results.json").read_text())
+    gsm = results["benchmarks"]["gsm8k"]
+    assert gsm["metrics"]["pass@1"] == pytest.approx(1 / 3)
+    assert gsm["metrics"]["avg@2"] == pytest.approx(1 / 3)
+    assert gsm["verify_failures"] == 0
+    assert "| tiny-llama" in capsys.readouterr().out
+    assert "| GSM8k |" in (out / "results.md").read_text()
+
+
+def test_sampled_eval_counts_match_completions(tiny_model, tiny_gsm8k, tmp_path):
+    out = tmp_path / "sampled"
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "8", "--k", "1,4,8",
+                          "--batch-size", "16")) == 0
+    records = read_cache(out)
+    golds = ["7", "3", "5"]
+    for rec, gold in zip(records, golds):
+        assert rec["gold"] == gold
+        assert len(rec["completions"]) == 8
+        assert {answered(c) for c in rec["completions"]} <= {"7", "3"}
+        assert rec["n_correct"] == sum(answered(c) == gold for c in rec["completions"])
+    # Both answers are sampled (50 / 50 each): 24 draws all alike would be a broken sampler.
+    assert {answered(c) for r in records for c in r["completions"]} == {"7", "3"}
+    results = json.loads((out / "results.json").read_text())
+    m = results["benchmarks"]["gsm8k"]["metrics"]
+    counts = [r["n_correct"] for r in records]
+    for k in (1, 4, 8):
+        assert m[f"pass@{k}"] == pytest.approx(sum(pass_at_k(8, c, k) for c in counts) / 3)
+    assert results["average"]["pass@1"] == pytest.approx(m["pass@1"])
+
+
+def test_chat_template_is_used(tiny_model, tiny_gsm8k, tmp_path):
+    # Without the chat template the prompt does not end in `<assistant>`: the model stops at once.
+    out = tmp_path / "nochat"
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "1", "--k", "1",
+                          "--temperature", "0", "--chat", "off")) == 0
+    assert [r["completions"] for r in read_cache(out)] == [[""]] * 3
+
+
+class CountingSampler:
+    """Real transformers sampler that records how many problems it was asked for."""
+
+    def __init__(self, model: str, fail_on_call: int | None = None):
+        self.inner = TransformersSampler(model, device="cpu", batch_size=4)
+        self.tokenizer = self.inner.tokenizer
+        self.problems_sampled = 0
+        self.calls = 0
+        self.fail_on_call = fail_on_call
+
+    @property
+    def add_special_tokens(self):
+        return self.inner.add_special_tokens
+
+    @add_special_tokens.setter
+    def add_special_tokens(self, value):
+        self.inner.add_special_tokens = value
+
+    def sample(self, prompts, settings, seed):
+        self.calls += 1
+        if self.calls == self.fail_on_call:
+            raise KeyboardInterrupt
+        self.problems_sampled += len(prompts)
+        return self.inner.sample(prompts, settings, seed)
+
+
+def test_interrupted_eval_resumes_to_the_same_result(tiny_model, tiny_gsm8k, tmp_path):
+    def config(out):  # n = batch_size = 4: one problem per sampling call
+        return EvalConfig(model=str(tiny_model), benchmarks=(f"gsm8k={tiny_gsm8k}", "arith"),
+                          n=4, ks=(1, 2), output=str(out), max_new_tokens=6, batch_size=4,
+                          limit=3)
+
+    full = CountingSampler(str(tiny_model))
+    reference = run_eval(config(tmp_path / "ref"), lambda c: full, progress=False)
+    assert full.problems_sampled == 6
+
+    out = tmp_path / "resumed"
+    first = CountingSampler(str(tiny_model), fail_on_call=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(config(out), lambda c: first, progress=False)
+    assert len(read_cache(out)) == 2 and not (out / "results.json").exists()
+    # An interrupt in the middle of writing leaves a partial last line: it is dropped.
+    with (out / "samples.jsonl").open("a") as f:
+        f.write('{"type": "problem", "benchmark": "gsm8')
+
+    second = CountingSampler(str(tiny_model))
+    resumed = run_eval(config(out), lambda c: second, progress=False)
+    assert second.problems_sampled == 4  # only the missing problems
+    assert resumed["benchmarks"] == reference["benchmarks"]
+    assert read_cache(out) == read_cache(tmp_path / "ref")
+
+    third = CountingSampler(str(tiny_model))
+    run_eval(config(out), lambda c: third, progress=False)
+    assert third.problems_sampled == 0  # everything cached: no sampling at all
+
+
+def test_changed_settings_refuse_the_cache(tiny_model, tiny_gsm8k, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "2", "--k", "1")) == 0
+    capsys.readouterr()
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "4", "--k", "1")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "n: cached 2 != now 4" in err and "--overwrite" in err
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "4", "--k", "1",
+                          "--overwrite")) == 0
+
+
+def test_eval_table_side_by_side(tiny_model, tiny_gsm8k, tmp_path, capsys):
+    base, tuned = tmp_path / "base", tmp_path / "tuned"
+    assert main(eval_args(tiny_model, tiny_gsm8k, base, "--n", "4", "--k", "1,4",
+                          "--temperature", "0")) == 0
+    assert main(eval_args(tiny_model, tiny_gsm8k, tuned, "--n", "4", "--k", "1,4")) == 0
+    capsys.readouterr()
+    table_file = tmp_path / "table.md"
+    rc = main(["eval-table", str(base / "results.json"), str(tuned), "--labels", "Base,GRPO",
+               "--k", "1,4", "--output", str(table_file)])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert table_file.read_text() == table
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| Model | GSM8k | Average |"
+    assert rows[1] == "| Base | 33.3/33.3 | 33.3/33.3 |"  # greedy: only the gold-7 problem
+    tuned_counts = [r["n_correct"] for r in read_cache(tuned)]
+    p1 = 100 * sum(tuned_counts) / 12
+    p4 = 100 * sum(pass_at_k(4, c, 4) for c in tuned_counts) / 3
+    assert rows[2] == f"| GRPO | {p1:.1f}/{p4:.1f} | {p1:.1f}/{p4:.1f} |"
+    # k beyond the stored n is refused with the valid range.
+    assert main(["eval-table", str(base), "--k", "1,8"]) == 2
+    assert "k=[8] > n=4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--benchmarks", "gsm9k"], "unknown benchmark 'gsm9k'; valid: aime24"),
+        (["--benchmarks", "gsm8k=/no/such.jsonl"], "'/no/such.jsonl' (for gsm8k) does not exist"),
+        (["--benchmarks", "arith", "--n", "4", "--k", "1,8"], "k=[8] invalid"),
+        (["--benchmarks", "arith", "--data-dir", "/no/such/dir"], "/no/such/dir is not a folder"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
+    rc = main(["eval", "--model", "/no/model", "--output", str(tmp_path / "o"), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_missing_model_folder(tmp_path, capsys):
+    rc = main(["eval", "--model", str(tmp_path / "nope"), "--benchmarks", "arith", "--n", "1",
+               "--k", "1", "--limit", "1", "--output", str(tmp_path / "o")])
+    assert rc == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_top_level_usage(capsys):
+    assert main([]) == 2
+    assert main(["--help"]) == 0
+    assert "eval-table" in capsys.readouterr().out
+    assert main(["nonsense"]) == 2
+    assert "unknown command 'nonsense'; valid: eval, eval-table" in capsys.readouterr().err
