@@ -114,21 +114,33 @@ def test_batched_mask_equals_rowwise():
         assert mask[r].nonzero().flatten().tolist() == d3s.max_variance_subset(v[r], 4).tolist()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.floats(-100, 100, allow_nan=False, width=32), min_size=2, max_size=40),
     st.integers(2, 40),
 )
 def test_lemma_1_standardised_advantages_keep_variance_at_least_one(raw, n):
-    """Paper Lemma 1: for standardised values (mean 0, population variance 1), the max-variance
-    subset of any size 2 <= n <= m has population variance >= 1."""
+    """Paper Lemma 1: standardise a set to mean 0 and variance 1; for every 2 <= n <= m the
+    max-variance subset of size n has variance >= 1.
+
+    It holds with the Bessel (sample) variance — TRL's standardisation — and the max-variance
+    subset is the same for either variance at fixed n. (With the population variance it is false:
+    see the next test.)"""
     x = torch.tensor(raw, dtype=torch.float64)
-    if x.std(correction=0) < 1e-6:
+    if x.std() < 1e-6:
         return  # no spread, nothing to standardise
-    x = (x - x.mean()) / x.std(correction=0)
+    x = (x - x.mean()) / x.std()
     n = min(n, len(raw))
     idx = d3s.max_variance_subset(x, n)
-    assert x[idx].var(correction=0).item() >= 1 - 1e-9
+    assert x[idx].var().item() >= 1 - 1e-9
+
+
+def test_lemma_1_fails_for_the_population_variance():
+    # [-1, -1, 1, 1] has population variance 1; every 3-subset has population variance 8/9.
+    x = torch.tensor([-1.0, -1.0, 1.0, 1.0], dtype=torch.float64)
+    idx = d3s.max_variance_subset(x, 3)
+    assert x[idx].var(correction=0).item() == pytest.approx(8 / 9)
+    assert brute_force_max_var(x.tolist(), 3) == pytest.approx(8 / 9)
 
 
 # ---------------------------------------------------------------- select_rollouts
