@@ -137,7 +137,21 @@ def cmd_eval_table(argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_train(argv: Sequence[str]) -> int:
+    from d3s.train import cmd_train as run
+
+    return run(argv)
+
+
+def cmd_compare(argv: Sequence[str]) -> int:
+    from d3s.compare import cmd_compare as run
+
+    return run(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "train": (cmd_train, "D3S fine-tuning from a recipe (no arguments: the embedded CPU default)"),
+    "compare": (cmd_compare, "several variants x seeds on the same budget, curves and summary table"),
     "eval": (cmd_eval, "pass@k / Avg@n of a model on math benchmarks"),
     "eval-table": (cmd_eval_table, "side-by-side table of several eval results"),
 }
@@ -152,6 +166,7 @@ def _usage() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `d3s` console script; returns the exit status."""
     from d3s.evaluation.benchmarks import UsageError
+    from d3s.recipe import RecipeError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -165,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fn, _ = COMMANDS[name]
     try:
         return fn(rest)
-    except UsageError as e:
+    except (UsageError, RecipeError) as e:
         print(f"d3s {name}: error: {e}", file=sys.stderr)
         return USAGE_EXIT
     except SystemExit as e:  # argparse: --help (0) or a bad option (2, message already printed)
