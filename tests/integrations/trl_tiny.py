@@ -5,7 +5,7 @@
 - `make_rollout_func(...)`: a deterministic stand-in for generation (TRL's `rollout_func` hook): the
   completion of a row depends only on (prompt, its index in the group, the generation round), so a
   run on one process and a run on two see exactly the same data. Lengths vary; some completions end
-  with EOS, some hit the length limit, optionally some are empty.
+  with EOS, some hit the length limit, optionally some are empty (EOS only).
 - `length_reward`: a pure reward function.
 """
 
@@ -74,13 +74,15 @@ def make_rollout_func(max_len: int, num_generations: int, *, empty_every: int = 
 
     Row g of a group in generation round r gets a completion drawn from a RNG seeded by
     (prompt, g, r): length in [1, max_len - 1] ending with EOS, or exactly `max_len` words without EOS
-    for every `full_every`-th row (truncated), or no token at all for every `empty_every`-th row.
+    for every `full_every`-th row (truncated), or EOS alone (empty text) for every `empty_every`-th row.
     """
 
     def rollout_func(prompts, trainer):
         tok = trainer.processing_class
         rank = trainer.accelerator.process_index
-        rnd = trainer._step // (trainer.args.steps_per_generation * trainer.num_iterations)
+        args = trainer.args  # the generation round, from the (checkpointed) optimizer step count
+        rnd = trainer.state.global_step * args.gradient_accumulation_steps // (
+            args.steps_per_generation * trainer.num_iterations)
         prompt_ids, completion_ids = [], []
         for i, prompt in enumerate(prompts):
             row = rank * len(prompts) + i
@@ -88,7 +90,7 @@ def make_rollout_func(max_len: int, num_generations: int, *, empty_every: int = 
             rng = random.Random(zlib.crc32(f"{prompt}|{g}|{rnd}".encode()))
             prompt_ids.append(tok(prompt, add_special_tokens=False)["input_ids"])
             if empty_every and row % empty_every == 0:
-                ids = []
+                ids = [EOS]  # an empty answer: the decoded text is ""
             elif full_every and row % full_every == 0:
                 ids = [rng.randrange(3, VOCAB) for _ in range(max_len)]
             else:
@@ -101,7 +103,7 @@ def make_rollout_func(max_len: int, num_generations: int, *, empty_every: int = 
 
 def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, reward_funcs=length_reward,
                  rollout_func=None, max_len: int = 8, num_generations: int = 4, train_dataset=None,
-                 callbacks=(), **config):
+                 callbacks=(), resume_from_checkpoint=None, **config):
     """Build a tiny trainer, train it, return it with a `GradRecorder` of every optimizer step.
 
     Defaults: 16 rollouts per generation (4 prompts x G=4), SGD (no Adam amplification of float
@@ -129,8 +131,13 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, rewa
     defaults.update(config)
     args = config_cls(**defaults)
     recorder = GradRecorder()
+    model = tiny_model(model_seed)
+    if args.beta != 0.0:  # TRL loads the reference model by name: save the tiny model locally
+        path = os.path.join(str(tmp_path), "tiny-model")
+        model.save_pretrained(path)
+        model = path
     trainer = trainer_cls(
-        model=tiny_model(model_seed),
+        model=model,
         reward_funcs=reward_funcs,
         args=args,
         train_dataset=train_dataset if train_dataset is not None else prompt_dataset(),
@@ -138,7 +145,7 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, rewa
         rollout_func=rollout_func or make_rollout_func(max_len, num_generations),
         callbacks=[recorder, *callbacks],
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.grad_recorder = recorder
     return trainer
 
@@ -190,3 +197,27 @@ class RowCounter(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._handle.remove()
+
+
+class RecordingRollout:
+    """Wraps a rollout function and keeps the completion ids of its last call."""
+
+    def __init__(self, rollout_func):
+        self.rollout_func = rollout_func
+        self.last_completion_ids: list[list[int]] = []
+
+    def __call__(self, prompts, trainer):
+        out = self.rollout_func(prompts, trainer)
+        self.last_completion_ids = out["completion_ids"]
+        return out
+
+
+class StopAt(TrainerCallback):
+    """Stops training after global step `step` (a checkpoint saved at that step stays behind)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True

@@ -1,0 +1,80 @@
+"""One D3S training run for `test_trl_multiprocess.py`; launched by it on 1 process (`python`) or on
+several (`accelerate launch --cpu --num_processes 2`).
+
+    python trl_multiprocess_run.py OUT_DIR MICRO_BATCHES LOSS_TYPE
+
+The global batch is the same whatever the process count: 4 prompts x G = 4 per generation, split
+into MICRO_BATCHES micro-batches per process (1 -> the token mask is computed inside the loss from
+the training forward; 2 -> from a no-grad forward right after generation). Each rank writes what it
+selected at every step to OUT_DIR/selection_rank{r}.json; rank 0 writes the final parameters and
+the logs.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+from trl_tiny import flat_params, run_training  # noqa: E402
+
+from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer  # noqa: E402
+
+
+class SelectionDump(TrainerCallback):
+    """Records the trainer's `d3s_last_selection` after every optimizer step."""
+
+    def __init__(self):
+        self.trainer = None
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        sel = self.trainer.d3s_last_selection
+        self.steps.append(
+            {
+                "kept": sel["kept"].tolist(),
+                "kept_per_rank_before": sel["kept_per_rank_before"].tolist(),
+                "rows_per_rank": sel["rows_per_rank"],
+                "tokens_in_loss": sel["tokens_in_loss"],
+                "token_mask": sel["token_mask"].int().tolist(),
+            }
+        )
+
+
+class _Trainer(D3SGRPOTrainer):
+    dump = None
+
+    def _d3s_select(self, batch):
+        _Trainer.dump.trainer = self
+        return super()._d3s_select(batch)
+
+
+def main(out_dir: str, micro_batches: int, loss_type: str) -> None:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dump = SelectionDump()
+    _Trainer.dump = dump
+    trainer = run_training(
+        _Trainer,
+        D3SConfig,
+        os.path.join(out_dir, f"run-{world}"),
+        variant="d3s",
+        loss_type=loss_type,
+        max_steps=3,
+        per_device_train_batch_size=16 // (world * micro_batches),
+        gradient_accumulation_steps=micro_batches,
+        callbacks=[dump],
+    )
+    rank = trainer.accelerator.process_index
+    with open(os.path.join(out_dir, f"selection_world{world}_rank{rank}.json"), "w") as f:
+        json.dump(dump.steps, f)
+    if rank == 0:
+        torch.save(flat_params(trainer.accelerator.unwrap_model(trainer.model)),
+                   os.path.join(out_dir, f"params_world{world}.pt"))
+        with open(os.path.join(out_dir, f"logs_world{world}.json"), "w") as f:
+            json.dump([h for h in trainer.state.log_history if "loss" in h], f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
