@@ -4,16 +4,15 @@ Every benchmark of the paper's Table 1 is read in the format its commonly used H
 version publishes, from the hub or from a local copy (a file or a folder of JSON / JSONL /
 parquet, e.g. a snapshot of the hub repository):
 
-| name          | hub dataset (config, split)                     | question | gold answer                        |
-|---------------|-------------------------------------------------|----------|------------------------------------|
-| aime24        | math-ai/aime24 (test)                           | problem  | answer, else `\\boxed{}` of solution |
-| aime25        | math-ai/aime25 (test)                           | problem  | answer                             |
-| amc23         | math-ai/amc23 (test)                            | question | answer (AI-MO's `problem` + float `answer` too) |
-| gsm8k         | openai/gsm8k (main, test)                       | question | answer after `####`                |
-| math500       | HuggingFaceH4/MATH-500 (test)                   | problem  | answer, else `\\boxed{}` of solution |
-| minerva       | math-ai/minervamath (test)                      | question | answer                             |
-| olympiadbench | Hothan/OlympiadBench (OE_TO_maths_en_COMP, train) | question | final_answer (a list; joined)    |
-| arith         | generated offline (d3s.tasks), no hub           | question | answer (checked numerically)       |
+    aime24         math-ai/aime24 (test)            problem   answer, else \\boxed{} of solution
+    aime25         math-ai/aime25 (test)            problem   answer
+    amc23          math-ai/amc23 (test)             question  answer (floats: 27.0 -> "27")
+    gsm8k          openai/gsm8k (main, test)        question  text after "####", commas removed
+    math500        HuggingFaceH4/MATH-500 (test)    problem   answer, else \\boxed{} of solution
+    minerva        math-ai/minervamath (test)       question  answer
+    olympiadbench  Hothan/OlympiadBench             question  final_answer (a list, joined)
+                   (OE_TO_maths_en_COMP, train)
+    arith          generated offline (d3s.tasks)    question  answer (checked numerically)
 
 Field names are tried in order, so the other common copies load as well (HuggingFaceH4/aime_2024
 has `answer` and a full `solution`; AI-MO/aimo-validation-amc has `problem` and a float
@@ -366,7 +365,8 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return True
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    host = url.hostname or "huggingface.co"
+    port = url.port or (443 if url.scheme == "https" else 80)
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             return True

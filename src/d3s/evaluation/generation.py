@@ -163,8 +163,10 @@ class VLLMSampler:
         )
         # Pre-tokenised so a chat-formatted prompt does not get a second BOS token.
         inputs = [
-            {"prompt_token_ids": self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"]}
-            for p in prompts
+            {"prompt_token_ids": ids}
+            for ids in self.tokenizer(prompts, add_special_tokens=self.add_special_tokens)[
+                "input_ids"
+            ]
         ]
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         return [[c.text for c in o.outputs] for o in outputs]

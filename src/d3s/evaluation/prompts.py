@@ -13,7 +13,9 @@ from d3s import tasks
 
 ChatMode = Literal["auto", "on", "off"]
 
-BOXED_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
+BOXED_TEMPLATE = (
+    "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
+)
 """Qwen2.5-Math's chain-of-thought instruction, the usual one for math-verify scoring."""
 
 ARITH_TEMPLATE = "{question} " + tasks.ARITH_INSTRUCTION

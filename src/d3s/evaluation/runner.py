@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .aggregate import average_metrics, benchmark_metrics
-from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, Problem, UsageError, load_benchmark, resolve_name
+from .benchmarks import (
+    BENCHMARKS,
+    PAPER_BENCHMARKS,
+    Problem,
+    UsageError,
+    load_benchmark,
+    resolve_name,
+)
 from .generation import Backend, Sampler, SamplingSettings, make_sampler, problems_per_call
 from .prompts import ChatMode, default_template, fill_template, render_prompt, uses_chat
 from .report import RESULTS_FORMAT, render_report, write_json
@@ -64,7 +71,8 @@ class EvalConfig:
     batch_size: int = 32
     """Most sequences per generate call (transformers backend)."""
     backend: Backend = "auto"
-    """`auto` (vLLM if installed and a GPU is present, else transformers), `transformers`, `vllm`."""
+    """`auto` (vLLM if installed and a GPU is present, else transformers), `transformers`,
+    `vllm`."""
     device: str = "auto"
     """`auto`, `cpu`, `cuda`, `cuda:1`, ..."""
     dtype: str = "auto"
@@ -324,7 +332,8 @@ def run_eval(
                     )
                     for p in chunk
                 ]
-                outputs = sampler.sample(prompts, config.sampling(), _call_seed(config.seed, chunk[0]))
+                seed = _call_seed(config.seed, chunk[0])
+                outputs = sampler.sample(prompts, config.sampling(), seed)
                 for problem, completions in zip(chunk, outputs):
                     cache.put(score_problem(problem, completions, config))
                 bar.update(len(chunk))
