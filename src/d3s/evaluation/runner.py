@@ -334,6 +334,11 @@ def run_eval(
                 ]
                 seed = _call_seed(config.seed, chunk[0])
                 outputs = sampler.sample(prompts, config.sampling(), seed)
+                if len(outputs) != len(chunk) or any(len(o) != config.n for o in outputs):
+                    raise RuntimeError(
+                        f"sampler returned {[len(o) for o in outputs]} completions for "
+                        f"{len(chunk)} prompts x n={config.n}"
+                    )
                 for problem, completions in zip(chunk, outputs):
                     cache.put(score_problem(problem, completions, config))
                 bar.update(len(chunk))
