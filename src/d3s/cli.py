@@ -69,6 +69,8 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-boxed", action="store_true",
                    help="score 0 for completions without \\boxed{}")
     p.add_argument("--verify-timeout", type=int, default=5, help="seconds per math-verify call")
+    p.add_argument("--score-workers", type=int,
+                   help="processes scoring in parallel (default: half the cores, at most 8)")
     p.add_argument("--label", help="row label in tables (default: the model name)")
     p.add_argument("--overwrite", action="store_true", help="discard cached samples and restart")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -103,6 +105,7 @@ def cmd_eval(argv: Sequence[str]) -> int:
         system_prompt=args.system_prompt,
         require_boxed=args.require_boxed,
         verify_timeout=args.verify_timeout,
+        score_workers=args.score_workers,
         label=args.label,
         overwrite=args.overwrite,
     )

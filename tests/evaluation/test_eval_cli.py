@@ -26,7 +26,7 @@ def answered(completion: str) -> str | None:
 
 def eval_args(model, bench, out, *extra):
     return ["eval", "--model", str(model), "--benchmarks", f"gsm8k={bench}", "--output",
-            str(out), "--max-new-tokens", "6", "--no-progress", *extra]
+            str(out), "--max-new-tokens", "6", "--no-progress", "--score-workers", "1", *extra]
 
 
 def test_greedy_eval_end_to_end(tiny_model, tiny_gsm8k, tmp_path, capsys):
@@ -67,6 +67,36 @@ def test_sampled_eval_counts_match_completions(tiny_model, tiny_gsm8k, tmp_path)
     assert results["average"]["pass@1"] == pytest.approx(m["pass@1"])
 
 
+def test_pooled_scoring_keeps_order(tiny_gsm8k):
+    """The pool plumbing of score_problem (a thread pool here: cheap; processes in production)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from d3s.evaluation.benchmarks import load_benchmark
+    from d3s.evaluation.runner import score_problem
+
+    problem = load_benchmark("gsm8k", path=tiny_gsm8k)[0]  # gold 7
+    config = EvalConfig(model="m", benchmarks=("arith",), n=9, ks=(1,), score_workers=2)
+    completions = [
+        "\\boxed{7}", "\\boxed{3}", "", "7", "\\boxed{14/2}", "x", "\\boxed{7}", "8", "7.0"
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        pooled = score_problem(problem, completions, config, pool)
+    assert pooled == score_problem(problem, completions, config)
+    assert pooled["scores"] == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    assert pooled["n_correct"] == 5
+
+
+@pytest.mark.slow
+def test_parallel_scoring_matches_serial(tiny_model, tiny_gsm8k, tmp_path):
+    """Process-pool scoring end to end (slow: each spawned worker imports torch)."""
+    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
+    args = ("--n", "6", "--k", "1,6", "--benchmarks", f"gsm8k={tiny_gsm8k},arith", "--limit", "2")
+    assert main(eval_args(tiny_model, tiny_gsm8k, serial, *args)) == 0
+    assert main(eval_args(tiny_model, tiny_gsm8k, parallel, *args, "--score-workers", "2")) == 0
+    assert read_cache(parallel) == read_cache(serial)
+    assert sum(r["n_correct"] for r in read_cache(serial)) > 0
+
+
 def test_chat_template_is_used(tiny_model, tiny_gsm8k, tmp_path):
     # Without the chat template the prompt does not end in `<assistant>`: the model stops at once.
     out = tmp_path / "nochat"
@@ -105,7 +135,7 @@ def test_interrupted_eval_resumes_to_the_same_result(tiny_model, tiny_gsm8k, tmp
     def config(out):  # n = batch_size = 4: one problem per sampling call
         return EvalConfig(model=str(tiny_model), benchmarks=(f"gsm8k={tiny_gsm8k}", "arith"),
                           n=4, ks=(1, 2), output=str(out), max_new_tokens=6, batch_size=4,
-                          limit=3)
+                          limit=3, score_workers=1)
 
     full = CountingSampler(str(tiny_model))
     reference = run_eval(config(tmp_path / "ref"), lambda c: full, progress=False)

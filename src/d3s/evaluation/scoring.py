@@ -89,6 +89,15 @@ def score_math(
     return Score(1.0 if ok else 0.0)
 
 
+def score_job(job: tuple[str, str, Scorer, int, bool]) -> Score:
+    """`score_completion(completion, gold, scorer, timeout_s=..., require_boxed=...)` from one
+    tuple: the picklable unit of work of a scoring process pool."""
+    completion, gold, scorer, timeout_s, require_boxed = job
+    return score_completion(
+        completion, gold, scorer, timeout_s=timeout_s, require_boxed=require_boxed
+    )
+
+
 def score_completion(
     completion: str,
     gold: str,
