@@ -18,9 +18,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
-from trl_tiny import flat_params, run_training  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from trl_tiny import flat_params, length_reward, prompt_dataset, run_training  # noqa: E402
 
 from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer  # noqa: E402
+
+
+# Prompts 2, 3 (both on rank 1 in step 1) and 4 (rank 0, step 2) get a flat reward: their groups
+# carry no advantage, so cross selection keeps none of rank 1's rollouts in step 1 and an uneven
+# number in step 2. The dataset is read in order (shuffle_dataset=False).
+FLAT_PROMPTS = {2, 3, 4}
+
+
+def dataset() -> Dataset:
+    prompts = prompt_dataset(32)["prompt"]
+    return Dataset.from_dict({"prompt": prompts, "flat": [i in FLAT_PROMPTS for i in range(len(prompts))]})
+
+
+def flat_or_length_reward(completions, flat, **kwargs) -> list[float]:
+    return [1.0 if f else r for f, r in zip(flat, length_reward(completions), strict=True)]
 
 
 class SelectionDump(TrainerCallback):
@@ -38,7 +54,7 @@ class SelectionDump(TrainerCallback):
                 "kept_per_rank_before": sel["kept_per_rank_before"].tolist(),
                 "rows_per_rank": sel["rows_per_rank"],
                 "tokens_in_loss": sel["tokens_in_loss"],
-                "token_mask": sel["token_mask"].int().tolist(),
+                "token_mask": sel["token_mask"].int().tolist() if "token_mask" in sel else None,
             }
         )
 
@@ -59,9 +75,13 @@ def main(out_dir: str, micro_batches: int, loss_type: str) -> None:
         _Trainer,
         D3SConfig,
         os.path.join(out_dir, f"run-{world}"),
-        variant="d3s",
+        variant=os.environ.get("D3S_TEST_VARIANT", "d3s"),
         loss_type=loss_type,
+        reward_funcs=flat_or_length_reward,
+        train_dataset=dataset(),
+        shuffle_dataset=False,
         max_steps=3,
+        learning_rate=0.01,
         per_device_train_batch_size=16 // (world * micro_batches),
         gradient_accumulation_steps=micro_batches,
         callbacks=[dump],
@@ -72,6 +92,7 @@ def main(out_dir: str, micro_batches: int, loss_type: str) -> None:
     if rank == 0:
         torch.save(flat_params(trainer.accelerator.unwrap_model(trainer.model)),
                    os.path.join(out_dir, f"params_world{world}.pt"))
+        torch.save(torch.stack(trainer.grad_recorder.grads), os.path.join(out_dir, f"grads_world{world}.pt"))
         with open(os.path.join(out_dir, f"logs_world{world}.json"), "w") as f:
             json.dump([h for h in trainer.state.log_history if "loss" in h], f)
 
