@@ -28,47 +28,57 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _eval_parser() -> argparse.ArgumentParser:
-    from d3s.evaluation.benchmarks import BENCHMARKS, PAPER_BENCHMARKS
+    """Options of `d3s eval`; unset options take `EvalConfig`'s defaults (shown in the help)."""
+    from dataclasses import fields
 
+    from d3s.evaluation.benchmarks import BENCHMARKS
+    from d3s.evaluation.runner import EvalConfig
+
+    d = {f.name: f.default for f in fields(EvalConfig)}
     p = argparse.ArgumentParser(
         prog="d3s eval",
         description="Sample n completions per problem, score them with math-verify, and report "
         "unbiased pass@k and Avg@n per benchmark (paper sec. 4.1, Table 1). Resumable: rerun "
         "the same command to continue an interrupted evaluation.",
+        argument_default=argparse.SUPPRESS,
     )
     p.add_argument("--model", required=True, help="local checkpoint folder or hub model name")
     p.add_argument(
         "--benchmarks",
-        default=",".join(PAPER_BENCHMARKS),
         help=f"comma-separated names from {', '.join(BENCHMARKS)}; NAME=PATH reads a benchmark "
-        "from a local file/folder (default: the paper's seven)",
+        f"from a local file/folder (default: the paper's seven, {','.join(d['benchmarks'])})",
     )
-    p.add_argument("--n", type=int, default=32, help="completions per problem (default 32)")
+    p.add_argument("--n", type=int, help=f"completions per problem (default {d['n']})")
     p.add_argument(
-        "--k", type=_int_list, default=(1, 8, 16), help="pass@k values, each <= n (default 1,8,16)"
+        "--k", dest="ks", type=_int_list, metavar="K",
+        help=f"pass@k values, each <= n (default {','.join(map(str, d['ks']))})",
     )
     p.add_argument("--output", help="output folder (default eval_results/<model name>)")
-    p.add_argument("--max-new-tokens", type=int, default=2048, help="default 2048")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    p.add_argument("--top-p", type=float, default=0.9, help="default 0.9")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, help=f"default {d['max_new_tokens']}")
+    p.add_argument("--temperature", type=float, help=f"0 = greedy (default {d['temperature']})")
+    p.add_argument("--top-p", type=float, help=f"default {d['top_p']}")
+    p.add_argument("--top-k", type=int, help=f"0 = off (default {d['top_k']})")
+    p.add_argument("--seed", type=int, help=f"default {d['seed']}")
     p.add_argument("--data-dir", help="folder with local benchmark copies (no hub access then)")
     p.add_argument("--limit", type=int, help="only the first N problems of each benchmark")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per generate call")
-    p.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--batch-size", type=int,
+                   help=f"sequences per generate call (default {d['batch_size']})")
+    p.add_argument("--backend", choices=("auto", "transformers", "vllm"),
+                   help=f"default {d['backend']}: vLLM when installed and a GPU is present")
+    p.add_argument("--device", help=f"auto, cpu, cuda, cuda:1, ... (default {d['device']})")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                   help=f"default {d['dtype']}: bfloat16 on GPU, float32 on CPU")
     p.add_argument(
         "--prompt-template",
         help="user message with a {question} placeholder (default: a \\boxed{} instruction)",
     )
-    p.add_argument("--chat", default="auto", choices=("auto", "on", "off"),
-                   help="use the model's chat template (auto: when it has one)")
+    p.add_argument("--chat", choices=("auto", "on", "off"),
+                   help=f"use the model's chat template (default {d['chat']}: when it has one)")
     p.add_argument("--system-prompt", help="optional system message")
     p.add_argument("--require-boxed", action="store_true",
                    help="score 0 for completions without \\boxed{}")
-    p.add_argument("--verify-timeout", type=int, default=5, help="seconds per math-verify call")
+    p.add_argument("--verify-timeout", type=int,
+                   help=f"seconds per math-verify call (default {d['verify_timeout']})")
     p.add_argument("--score-workers", type=int,
                    help="processes scoring in parallel (default: half the cores, at most 8)")
     p.add_argument("--label", help="row label in tables (default: the model name)")
@@ -79,37 +89,13 @@ def _eval_parser() -> argparse.ArgumentParser:
 
 def cmd_eval(argv: Sequence[str]) -> int:
     """`d3s eval`: evaluate one model; prints the Table-1-style markdown."""
-    args = _eval_parser().parse_args(argv)
+    options = vars(_eval_parser().parse_args(argv))
     from d3s.evaluation.report import render_report
     from d3s.evaluation.runner import EvalConfig, run_eval
 
-    config = EvalConfig(
-        model=args.model,
-        benchmarks=args.benchmarks,
-        n=args.n,
-        ks=args.k,
-        output=args.output,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        data_dir=args.data_dir,
-        limit=args.limit,
-        batch_size=args.batch_size,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        prompt_template=args.prompt_template,
-        chat=args.chat,
-        system_prompt=args.system_prompt,
-        require_boxed=args.require_boxed,
-        verify_timeout=args.verify_timeout,
-        score_workers=args.score_workers,
-        label=args.label,
-        overwrite=args.overwrite,
-    )
-    results = run_eval(config, progress=not args.no_progress)
+    progress = not options.pop("no_progress", False)
+    config = EvalConfig(**options)
+    results = run_eval(config, progress=progress)
     print(render_report(results))
     print(f"results: {config.output}/results.json, {config.output}/results.md")
     return 0
