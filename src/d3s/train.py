@@ -22,11 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -49,24 +50,92 @@ def wilson_interval(correct: int, n: int, z: float = 1.959964) -> tuple[float, f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def render_prompts(tokenizer, questions: list[str]) -> list[str]:
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass
+class TaskData:
+    """A task as the run needs it: training rows, held-out problems, reward and scorer."""
+
+    name: str
+    train: list[dict]  # {"question", "answer"}
+    heldout: list[dict]  # {"question", "answer"}, disjoint from train
+    instruction: str
+    reward: Callable  # TRL reward function (completions, answer=..., **columns) -> list[float]
+    score: Callable[[str, str], float]  # (completion, gold answer) -> 0.0 / 1.0
+    key: dict  # what identifies the held-out set, for the cached base-model score
+
+
+def math_reward(completions, answer, **_) -> list[float]:
+    """math-verify reward: 1.0 when the completion's final answer equals the gold one, else 0.0."""
+    from d3s.evaluation.scoring import score_math
+    from d3s.tasks import _completion_text
+
+    return [score_math(_completion_text(c), str(a)).value for c, a in zip(completions, answer)]
+
+
+def _load_rows(run: RunArgs) -> list[dict]:
+    from datasets import load_dataset
+
+    path = Path(run.dataset).expanduser()
+    try:
+        if path.is_file():
+            kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(path.suffix)
+            if kind is None:
+                raise ValueError(f"dataset file {path} must be .json, .jsonl or .parquet")
+            ds = load_dataset(kind, data_files=str(path), split="train")
+        else:
+            ds = load_dataset(run.dataset, split=run.dataset_split)
+    except (OSError, ConnectionError) as err:
+        raise FileNotFoundError(
+            f"could not load dataset {run.dataset!r} ({type(err).__name__}); without hub access pass a local "
+            ".json/.jsonl/.parquet file"
+        ) from None
+    missing = [f for f in (run.question_field, run.answer_field) if f not in ds.column_names]
+    if missing:
+        raise ValueError(f"dataset {run.dataset!r} has no column {missing[0]!r}; columns: {ds.column_names}")
+    return [{"question": str(r[run.question_field]), "answer": str(r[run.answer_field])} for r in ds]
+
+
+def build_task(run: RunArgs, n_train: int) -> TaskData:
+    """The run's task: `n_train` training problems (a stream, may repeat) and the held-out set."""
+    if run.task == "arith":
+        from d3s.tasks import arith_reward, heldout_problems, score_arith, train_problems
+
+        config = run.task_config()
+        return TaskData("arith", train_problems(config, n_train), heldout_problems(config), config.instruction,
+                        arith_reward, score_arith, {"task": asdict(config)})
+    rows = _load_rows(run)
+    if len(rows) <= run.heldout_size:
+        raise ValueError(f"dataset {run.dataset!r} has {len(rows)} rows, not more than heldout_size={run.heldout_size}")
+    heldout, train = rows[-run.heldout_size :], rows[: -run.heldout_size]
+
+    def score(completion: str, gold: str) -> float:
+        from d3s.evaluation.scoring import score_math
+
+        return score_math(completion, gold).value
+
+    return TaskData("math", train, heldout, run.instruction or MATH_INSTRUCTION, math_reward, score,
+                    {"dataset": run.dataset, "split": run.dataset_split, "heldout": heldout})
+
+
+def render_prompts(tokenizer, questions: list[str], instruction: str) -> list[str]:
     """The task's conversational prompts as text, through the model's chat template when it has one."""
     from d3s.tasks import prompt_messages, prompt_text
 
     if getattr(tokenizer, "chat_template", None):
-        return [tokenizer.apply_chat_template(prompt_messages(q), tokenize=False, add_generation_prompt=True)
-                for q in questions]
-    return [prompt_text(q) for q in questions]
+        return [tokenizer.apply_chat_template(prompt_messages(q, instruction), tokenize=False,
+                                              add_generation_prompt=True) for q in questions]
+    return [prompt_text(q, instruction) for q in questions]
 
 
 @torch.inference_mode()
-def heldout_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int, batch_size: int) -> dict:
-    """Greedy accuracy on `problems` (dicts with `question`, `answer`), scored by the task's verifier."""
-    from d3s.tasks import score_arith
-
+def heldout_accuracy(model, tokenizer, task: TaskData, max_new_tokens: int, batch_size: int) -> dict:
+    """Greedy accuracy on the task's held-out problems, scored by the task's verifier."""
+    problems = task.heldout
     was_training = model.training
     model.eval()
-    prompts = render_prompts(tokenizer, [p["question"] for p in problems])
+    prompts = render_prompts(tokenizer, [p["question"] for p in problems], task.instruction)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     completions: list[str] = [""] * len(prompts)
     side = tokenizer.padding_side
@@ -84,8 +153,7 @@ def heldout_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
-    scores = [score_arith(c, p["answer"]) for c, p in zip(completions, problems)]
-    correct = int(sum(scores))
+    correct = int(sum(task.score(c, p["answer"]) for c, p in zip(completions, problems)))
     low, high = wilson_interval(correct, len(problems))
     return {"accuracy": correct / len(problems), "correct": correct, "n": len(problems), "ci_low": low,
             "ci_high": high, "examples": [{"question": p["question"], "answer": p["answer"], "completion": c}
@@ -210,10 +278,10 @@ def _bf16_runs(device: str) -> bool:
         return False
 
 
-def _model_key(model_path: str, task_config, max_new_tokens: int) -> str:
+def _model_key(model_path: str, task_key: dict, max_new_tokens: int) -> str:
     p = Path(model_path)
     stamp = [str(f.stat().st_mtime_ns) for f in sorted(p.glob("*.safetensors"))] if p.is_dir() else []
-    raw = json.dumps([str(p.resolve()) if p.exists() else model_path, stamp, asdict(task_config), max_new_tokens],
+    raw = json.dumps([str(p.resolve()) if p.exists() else model_path, stamp, task_key, max_new_tokens],
                      sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
@@ -226,7 +294,7 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
 
     from d3s.integrations.trl import D3SGRPOTrainer
     from d3s.models import cache_dir, resolve_model
-    from d3s.tasks import arith_reward, heldout_problems, prompt_messages, train_problems
+    from d3s.tasks import prompt_messages
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -241,18 +309,20 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
     config.bf16, config.fp16 = bf16, False
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
 
+    looks_local = run.model.startswith(("/", ".", "~")) or run.model.count("/") > 1
+    if looks_local and not Path(run.model).expanduser().exists():
+        raise FileNotFoundError(f"model folder {run.model!r} does not exist")
     model_path = resolve_model(run.model, seed=config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
 
-    task = run.task_config()
-    heldout = heldout_problems(task)
-    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     prompts_per_step = config.per_device_train_batch_size * config.steps_per_generation * world // config.num_generations
-    train = train_problems(task, max(1, config.max_steps) * max(1, prompts_per_step) + 64)
-    dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"]), "answer": p["answer"]} for p in train])
+    task = build_task(run, max(1, config.max_steps) * max(1, prompts_per_step) + 64)
+    dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"], task.instruction), "answer": p["answer"]}
+                                 for p in task.train])
     max_new = run.eval_max_new_tokens or config.max_completion_length
 
     resume_step = int(Path(checkpoint).name.split("-")[-1]) if checkpoint else None
@@ -261,9 +331,9 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
         {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe, "model_path": model_path}, indent=2,
         default=str))
 
-    evaluate = lambda: heldout_accuracy(model, tokenizer, heldout, max_new, run.eval_batch_size)  # noqa: E731
+    evaluate = lambda: heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size)  # noqa: E731
     callback = _make_callback(run_log, evaluate, run.eval_every)
-    trainer = D3SGRPOTrainer(model=model, reward_funcs=[arith_reward], args=config, train_dataset=dataset,
+    trainer = D3SGRPOTrainer(model=model, reward_funcs=[task.reward], args=config, train_dataset=dataset,
                              processing_class=tokenizer, callbacks=[callback])
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
@@ -274,14 +344,14 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
 
     before = None
     if resume_step is None:
-        key = _model_key(model_path, task, max_new)
+        key = _model_key(model_path, task.key, max_new)
         cached = cache_dir() / "evals" / f"{key}.json"
         if cached.is_file():
             before = json.loads(cached.read_text())
         else:
-            print(f"d3s train: held-out accuracy of the base model ({len(heldout)} problems, greedy)...",
+            print(f"d3s train: held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...",
                   file=sys.stderr, flush=True)
-            before = heldout_accuracy(model, tokenizer, heldout, max_new, run.eval_batch_size)
+            before = evaluate()
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(json.dumps(before))
         run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
@@ -295,6 +365,9 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
         trainer.train(resume_from_checkpoint=checkpoint)
     except BaseException as err:  # Ctrl-C, a crash: keep the last finished step, then stop
         step = trainer.state.global_step
+        last = run_log.last("train")
+        if step > 0 and (last is None or last["step"] < step):
+            trainer.log({})  # the finished step's metrics, not yet logged: keep its record
         if step > 0 and not (out / f"checkpoint-{step}").exists():
             trainer._save_checkpoint(trainer.model, trial=None)
         if callback.bar is not None:
@@ -314,7 +387,7 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
         "steps": trainer.state.global_step,
         "model": run.model,
         "task": run.task,
-        "heldout_size": len(heldout),
+        "heldout_size": len(task.heldout),
         "before": {k: v for k, v in (before or {}).items() if k != "examples"},
         "after": {k: v for k, v in after.items() if k != "examples"},
         "train_wall_s": last_train.get("wall_s"),
@@ -337,7 +410,7 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
 
 def cmd_train(argv) -> int:
     """`d3s train [--config RECIPE] [--field value ...]`; `--help` lists every field."""
-    from d3s.recipe import make_parser, parse_train_args, set_offline_defaults
+    from d3s.recipe import RecipeError, make_parser, parse_train_args, set_offline_defaults
 
     argv = list(argv)
     if "-h" in argv or "--help" in argv:
@@ -351,5 +424,8 @@ def cmd_train(argv) -> int:
         return 0
     set_offline_defaults()
     run, config, recipe = parse_train_args(argv)
-    run_train(run, config, recipe)
+    try:
+        run_train(run, config, recipe)
+    except (FileNotFoundError, FileExistsError) as err:  # a missing model/dataset, a run already there
+        raise RecipeError(str(err)) from None
     return 0

@@ -1,0 +1,155 @@
+"""`d3s train` / `d3s compare` end to end on the smoke recipe (tiny local model, CPU, seconds)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+from d3s import cli  # noqa: E402
+from d3s.recipe import RECIPES_DIR, RecipeError, parse_train_args  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("D3S_CACHE", str(tmp_path_factory.getbasetemp() / "d3s-cache"))
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(out: Path, *extra: str) -> int:
+    return cli.main(["train", "--config", "smoke", "--output_dir", str(out), *extra])
+
+
+def test_smoke_train_writes_everything(tmp_path):
+    out = tmp_path / "run"
+    assert train(out) == 0
+    recs = records(out)
+    assert [r["step"] for r in recs if r["type"] == "train"] == [1, 2, 3, 4]
+    assert [r["step"] for r in recs if r["type"] == "eval"] == [0, 2, 4]
+    first = next(r for r in recs if r["type"] == "train")
+    # the schedule at p = 0 (G = 4: the paper's N 8 of 32 scales to 1, kept >= 2; K = 5%)
+    assert first["d3s/n_keep"] == 2 and first["d3s/k_fraction"] == pytest.approx(0.05)
+    assert first["d3s/rollouts_kept"] == 2 * 2  # N x B prompts
+    tokens = [r["trained_tokens"] for r in recs if r["type"] == "train"]
+    assert tokens == sorted(tokens) and tokens[-1] > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["after"]["n"] == 16
+    assert 0.0 <= summary["before"]["ci_low"] <= summary["before"]["accuracy"] <= summary["before"]["ci_high"] <= 1
+    assert (out / "training.png").stat().st_size > 10_000
+    assert (out / "checkpoint-4").is_dir()
+    # the same output folder again without --resume: refused, nothing overwritten
+    assert train(out) == 2
+
+
+def test_interrupt_then_resume_continues_exactly(tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    assert train(full) == 0
+
+    import d3s.train as train_mod
+
+    make = train_mod._make_callback
+
+    def interrupting(*args, **kwargs):
+        cb = make(*args, **kwargs)
+        on_step_end = cb.on_step_end
+
+        def stop_at_3(args_, state, control, **kw):
+            on_step_end(args_, state, control, **kw)
+            if state.global_step == 3:
+                raise KeyboardInterrupt
+
+        cb.on_step_end = stop_at_3
+        return cb
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(train_mod, "_make_callback", interrupting)
+    assert train(cut) == 130  # Ctrl-C: exit status 130, checkpoint of the finished step saved
+    assert (cut / "checkpoint-3").is_dir()
+    monkeypatch.setattr(train_mod, "_make_callback", make)
+    assert train(cut, "--resume", "true") == 0
+
+    a = {r["step"]: r for r in records(full) if r["type"] == "train"}
+    b = {r["step"]: r for r in records(cut) if r["type"] == "train"}
+    assert sorted(b) == [1, 2, 3, 4]
+    for step in (3, 4):  # step 3's record was written at the interruption, step 4's by the resumed run
+        for key in ("d3s/n_keep", "d3s/k_fraction", "d3s/rollouts_kept", "d3s/tokens_in_loss", "reward", "entropy"):
+            assert b[step][key] == pytest.approx(a[step][key], rel=1e-5), (step, key)
+    assert b[4]["loss"] == pytest.approx(a[4]["loss"], rel=1e-4, abs=1e-6)
+
+
+def test_compare_runs_reuses_and_summarises(tmp_path, capsys):
+    root = tmp_path / "cmp"
+    argv = ["compare", "--variants", "grpo,d3s", "--seeds", "1", "--config", "smoke", "--output_dir", str(root),
+            "--max_steps", "2", "--eval_every", "1"]
+    assert cli.main(argv) == 0
+    md = (root / "compare.md").read_text()
+    assert "| grpo |" in md and "| d3s |" in md
+    summary = json.loads((root / "compare.json").read_text())
+    assert summary["reference"] == "grpo" and set(summary["variants"]) == {"grpo", "d3s"}
+    assert summary["variants"]["grpo"]["speedup_wall"] == pytest.approx(1.0)  # the reference reaches itself
+    assert (root / "compare.png").stat().st_size > 10_000
+    capsys.readouterr()
+    assert cli.main(argv) == 0  # finished runs are reused, not retrained
+    assert "reusing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_every_shipped_recipe_validates(recipe):
+    import torch
+
+    extra = [] if torch.cuda.is_available() else ["--bf16", "false"]  # GPU recipes, checked on a CPU
+    run, config, meta = parse_train_args(["--config", recipe, *extra])
+    assert config.variant in {"d3s", "grpo", "gspo", "pods", "d1s", "d1s-c", "d2s", "d3s-i"}
+    assert config.d3s_settings.num_generations == config.num_generations
+    if recipe.startswith("paper-"):
+        assert config.num_generations == 32 and (config.n_init, config.n_final) == (8, 32)
+        assert (config.k_init, config.k_final) == (0.05, 0.2) and run.task == "math"
+
+
+def test_overrides_and_precedence():
+    run, config, _ = parse_train_args(["--config", "smoke", "--learning_rate", "0.5", "--variant", "grpo"])
+    assert config.learning_rate == 0.5 and config.variant == "grpo" and config.sample_selection == "none"
+    assert run.model == "tiny"
+
+
+@pytest.mark.parametrize(
+    "content,extra,message",
+    [
+        ("model: [unclosed\n", [], "not valid YAML"),
+        ("learning_rat: 0.1\n", [], "unknown field 'learning_rat'.*did you mean 'learning_rate'"),
+        ("- a\n- b\n", [], "a recipe is a YAML mapping"),
+        ("", ["--no_such_field", "1"], "unknown field 'no_such_field' in the command line"),
+        ("", ["--variant", "d4s"], "variant='d4s'; valid: grpo"),
+        ("", ["--precision", "fp8"], "precision='fp8'"),
+    ],
+)
+def test_bad_recipe_gives_one_line_error(tmp_path, capsys, content, extra, message):
+    import re
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(content or "model: tiny\n")
+    assert cli.main(["train", "--config", str(recipe), "--output_dir", str(tmp_path / "o"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("d3s train: error:"), err
+    assert re.search(message, err[0]), err[0]
+
+
+def test_missing_model_folder_and_unknown_recipe(tmp_path, capsys):
+    assert cli.main(["train", "--config", "smoke", "--model", "./no/such/model", "--output_dir", str(tmp_path)]) == 2
+    assert "model folder './no/such/model' does not exist" in capsys.readouterr().err
+    assert cli.main(["train", "--config", "nonexistent-recipe"]) == 2
+    assert "neither a file nor a shipped recipe" in capsys.readouterr().err
+
+
+def test_help_lists_fields(capsys):
+    assert cli.main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    for field in ("--variant", "--n_init", "--k_final", "--heldout_size", "--learning_rate", "--model"):
+        assert field in text
