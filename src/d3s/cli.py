@@ -42,7 +42,9 @@ def _eval_parser() -> argparse.ArgumentParser:
         "the same command to continue an interrupted evaluation.",
         argument_default=argparse.SUPPRESS,
     )
-    p.add_argument("--model", required=True, help="local checkpoint folder or hub model name")
+    p.add_argument("--model", required=True,
+                   help="local checkpoint folder or hub model name; `embedded`: the base model "
+                   "of the default `d3s train` run (SmolLM2-135M-Instruct)")
     p.add_argument(
         "--benchmarks",
         help=f"comma-separated names from {', '.join(BENCHMARKS)}; NAME=PATH reads a benchmark "

@@ -34,7 +34,14 @@ from .benchmarks import (
     load_benchmark,
     resolve_name,
 )
-from .generation import Backend, Sampler, SamplingSettings, make_sampler, problems_per_call
+from .generation import (
+    Backend,
+    ModelLoadError,
+    Sampler,
+    SamplingSettings,
+    make_sampler,
+    problems_per_call,
+)
 from .prompts import ChatMode, default_template, fill_template, render_prompt, uses_chat
 from .report import RESULTS_FORMAT, render_report, write_json
 from .scoring import score_job
@@ -256,6 +263,18 @@ def _call_seed(seed: int, problem: Problem) -> int:
     )
 
 
+def model_path(model: str) -> str:
+    """`embedded` / `tiny`: the models of `d3s train` (see `d3s.models`); anything else as is."""
+    if model in ("embedded", "tiny"):
+        from d3s.models import resolve_model
+
+        try:
+            return resolve_model(model)
+        except FileNotFoundError as e:  # the package holding the embedded model is missing
+            raise ModelLoadError(str(e)) from e
+    return model
+
+
 def load_problems(config: EvalConfig) -> dict[str, list[Problem]]:
     """All benchmarks' problems (first `limit` of each), loaded before any model work."""
     out = {}
@@ -344,7 +363,11 @@ def run_eval(
     if remaining:
         factory = sampler_factory or (
             lambda c: make_sampler(
-                c.backend, c.model, device=c.device, dtype=c.dtype, batch_size=c.batch_size
+                c.backend,
+                model_path(c.model),
+                device=c.device,
+                dtype=c.dtype,
+                batch_size=c.batch_size,
             )
         )
         sampler = factory(config)
