@@ -165,3 +165,30 @@ def test_arith_benchmark_is_the_tasks_heldout_set():
         (h["question"], h["answer"]) for h in heldout
     ]
     assert BENCHMARKS["arith"].scorer == "numeric"
+
+
+def test_hub_path_asks_for_the_published_config_and_split(monkeypatch):
+    """The hub loader's request and row mapping, with `datasets.load_dataset` stubbed."""
+    import datasets
+
+    from d3s.evaluation import benchmarks
+
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None):
+        calls.append((path, name, split))
+        return read_records(FIXTURES / "olympiadbench" / "OE_TO_maths_en_COMP.json")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(benchmarks, "hub_reachable", lambda timeout_s=3.0: True)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    problems = load_benchmark("olympiadbench")
+    assert calls == [("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train")]
+    assert golds(problems) == ["2", "(6,3),(9,3),(9,5),(54,5)", "1, 3"]
+
+    def failing_load_dataset(path, name=None, split=None):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", failing_load_dataset)
+    with pytest.raises(BenchmarkError, match=r"could not load openai/gsm8k.*--data-dir"):
+        load_benchmark("gsm8k")
