@@ -20,8 +20,8 @@ import re
 import sys
 import zlib
 from concurrent.futures import Executor, ProcessPoolExecutor
-from multiprocessing import get_context
 from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
