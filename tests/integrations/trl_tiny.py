@@ -127,6 +127,7 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, rewa
         max_grad_norm=0.0,  # no clipping: the captured gradients are the raw ones
         loss_type="grpo",
         disable_tqdm=True,
+        bf16=False,  # GRPOConfig defaults to bf16 autocast, slow and imprecise on CPU
     )
     defaults.update(config)
     args = config_cls(**defaults)

@@ -1,0 +1,201 @@
+"""Training-phase cost of TRL's GRPO vs D3S on the same model and the same generated batch.
+
+    python benchmarks/bench_trl_training_phase.py [--steps 4] [--out benchmarks/results]
+
+A Llama-style model (~13M parameters, built locally from a config: no download) trains on one fixed
+generation batch of B prompts x G = 32 rollouts (completion lengths 32..128, binary rewards), through
+TRL's `GRPOTrainer` (baseline) and `D3SGRPOTrainer` at the paper's early setting (N = 8 of 32, K = 5%)
+and late setting (N = 32, K = 20%), with constant schedules so every step is the same setting.
+Generation is a fixed `rollout_func`, so only the training phase differs. Per optimizer step:
+
+- fwd+bwd: `training_step` minus its `_prepare_inputs` (the policy forward, loss, backward);
+- optim: the optimizer step (AdamW over all parameters; independent of the batch);
+- select: D3S's `_d3s_select` (gather, selection, re-dealing, counts) — part of `_prepare_inputs`;
+- train phase = fwd+bwd + optim (+ select for D3S).
+
+The first step is a warm-up and is dropped; the median of the others is reported. Prints a table
+and writes `bench_trl_training_phase.json` under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer  # noqa: E402
+
+VOCAB, HIDDEN, LAYERS, INTERMEDIATE = 8192, 384, 4, 1024
+G, PROMPT_LEN, MIN_LEN, MAX_LEN = 32, 32, 32, 128
+
+
+def tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i + 3 for i in range(VOCAB - 3)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    fast.padding_side = "left"
+    return fast
+
+
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
+                         num_attention_heads=6, num_key_value_heads=6, max_position_embeddings=512, pad_token_id=0,
+                         eos_token_id=1, bos_token_id=None, tie_word_embeddings=False)
+    return LlamaForCausalLM(config).float()
+
+
+def fixed_rollout(prompts, trainer):
+    """The same generation batch at every call: row i of the batch gets the same tokens."""
+    rank = trainer.accelerator.process_index
+    prompt_ids, completion_ids = [], []
+    for i in range(len(prompts)):
+        rng = random.Random(rank * len(prompts) + i)
+        prompt_ids.append([rng.randrange(3, VOCAB) for _ in range(PROMPT_LEN)])
+        completion_ids.append([rng.randrange(3, VOCAB) for _ in range(rng.randrange(MIN_LEN, MAX_LEN))] + [1])
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+
+def binary_reward(completions, completion_ids, **kwargs) -> list[float]:
+    return [float(sum(ids) % 3 == 0) for ids in completion_ids]
+
+
+class Timer(TrainerCallback):
+    """Per optimizer step: fwd+bwd, optimizer step and D3S selection seconds."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+        self.current = {"fwd_bwd": 0.0, "optim": 0.0, "select": 0.0}
+        self._optim_start = 0.0
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._optim_start = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.current["optim"] += time.perf_counter() - self._optim_start
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(self.current)
+        self.current = {"fwd_bwd": 0.0, "optim": 0.0, "select": 0.0}
+
+
+def timed(trainer_cls):
+    """`trainer_cls` with `training_step` split into _prepare_inputs / the rest, and `_d3s_select` timed."""
+
+    class Timed(trainer_cls):
+        timer: Timer
+
+        def _prepare_inputs(self, generation_batch):
+            start = time.perf_counter()
+            out = super()._prepare_inputs(generation_batch)
+            self._prepare_seconds += time.perf_counter() - start
+            return out
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            self._prepare_seconds = 0.0
+            start = time.perf_counter()
+            out = super().training_step(model, inputs, num_items_in_batch)
+            self.timer.current["fwd_bwd"] += time.perf_counter() - start - self._prepare_seconds
+            return out
+
+        def _d3s_select(self, batch):
+            start = time.perf_counter()
+            out = super()._d3s_select(batch)
+            self.timer.current["select"] += time.perf_counter() - start
+            return out
+
+    return Timed
+
+
+def run(name: str, trainer_cls, config_cls, steps: int, prompts: int, out_dir: Path, **d3s) -> dict:
+    args = config_cls(
+        output_dir=str(out_dir / name), use_cpu=True, per_device_train_batch_size=prompts * G,
+        gradient_accumulation_steps=1, num_generations=G, max_completion_length=MAX_LEN + 1, max_steps=steps,
+        logging_steps=1, report_to=[], save_strategy="no", seed=0, learning_rate=1e-6, loss_type="dapo",
+        disable_tqdm=True, log_level="error", bf16=False, **d3s,
+    )
+    timer = Timer()
+    cls = timed(trainer_cls)
+    cls.timer = timer
+    trainer = cls(model=model(), reward_funcs=binary_reward, args=args, processing_class=tokenizer(),
+                  train_dataset=Dataset.from_dict({"prompt": [f"w{i}" for i in range(64)]}),
+                  rollout_func=fixed_rollout, callbacks=[timer])
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    measured = timer.steps[1:]  # drop the warm-up step
+    med = {k: statistics.median(s[k] for s in measured) for k in ("fwd_bwd", "optim", "select")}
+    med["train_phase"] = med["fwd_bwd"] + med["optim"] + med["select"]
+    return {
+        "name": name,
+        "rows_trained": logs[-1].get("d3s/rollouts_kept", prompts * G) + logs[-1].get("d3s/padding_rows", 0),
+        "token_consumption_ratio": logs[-1].get("d3s/token_consumption_ratio", 1.0),
+        "seconds": med,
+        "per_step": measured,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per setting (the first is warm-up)")
+    parser.add_argument("--prompts", type=int, default=2, help="B, prompts per generation batch (x G = 32)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    a = parser.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    a.out.mkdir(parents=True, exist_ok=True)
+    scratch = a.out / "_scratch"
+    n_params = sum(p.numel() for p in model().parameters())
+    print(f"model: Llama {LAYERS} layers, hidden {HIDDEN}, vocab {VOCAB}: {n_params / 1e6:.1f}M parameters; "
+          f"batch: {a.prompts} prompts x G={G}, completions {MIN_LEN}-{MAX_LEN} tokens; "
+          f"torch threads: {torch.get_num_threads()}")
+
+    results = [
+        run("grpo (TRL GRPOTrainer)", GRPOTrainer, GRPOConfig, a.steps, a.prompts, scratch),
+        run("d3s early: N=8/32, K=5%", D3SGRPOTrainer, D3SConfig, a.steps, a.prompts, scratch,
+            sample_selection="cross", n_init=8, token_selection=True, k_init=0.05),
+        run("d3s late: N=32/32, K=20%", D3SGRPOTrainer, D3SConfig, a.steps, a.prompts, scratch,
+            sample_selection="cross", n_init=32, token_selection=True, k_init=0.20),
+    ]
+    base = results[0]["seconds"]["train_phase"]
+    header = f"{'setting':26s} {'rows':>5s} {'tokens':>7s} {'fwd+bwd s':>10s} {'optim s':>8s} {'select s':>9s} " \
+             f"{'train s':>8s} {'vs GRPO':>8s}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        s = r["seconds"]
+        r["ratio_vs_grpo"] = s["train_phase"] / base
+        print(f"{r['name']:26s} {r['rows_trained']:5.0f} {r['token_consumption_ratio']:7.1%} {s['fwd_bwd']:10.3f} "
+              f"{s['optim']:8.3f} {s['select']:9.4f} {s['train_phase']:8.3f} {r['ratio_vs_grpo']:8.3f}")
+    record = {
+        "command": "python benchmarks/bench_trl_training_phase.py " + " ".join(
+            f"--{k} {v}" for k, v in vars(a).items() if v is not None and k != "out"),
+        "model_parameters": n_params,
+        "batch": {"prompts": a.prompts, "num_generations": G, "completion_tokens": [MIN_LEN, MAX_LEN]},
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+        "results": results,
+    }
+    path = a.out / "bench_trl_training_phase.json"
+    path.write_text(json.dumps(record, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
