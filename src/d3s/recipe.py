@@ -74,7 +74,8 @@ class RunArgs:
     )
     precision: str = field(
         default="auto",
-        metadata={"help": "'auto' (bf16 autocast where the device runs it, else fp32), 'bf16' or 'fp32'."},
+        metadata={"help": "'auto' (bf16 autocast where the device has native bf16 kernels: a recent GPU, a CPU "
+                  "with AVX512-BF16/AMX; else fp32), 'bf16' or 'fp32'."},
     )
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in output_dir from its last checkpoint (schedule included)."}

@@ -376,8 +376,7 @@ class D3SGRPOTrainer(GRPOTrainer):
     def _d3s_select(self, batch: dict) -> dict:
         settings = self.args.d3s_settings
         device = self.accelerator.device
-        G = self.num_generations
-        P, rank = self.accelerator.num_processes, self.accelerator.process_index
+        G, P = self.num_generations, self.accelerator.num_processes
         n_keep, fraction = settings.schedule_at(self.d3s_progress())
 
         rewards_per_func = self._d3s_rewards_per_func  # (B*G, F)
@@ -467,7 +466,7 @@ class D3SGRPOTrainer(GRPOTrainer):
 
     def _d3s_redeal(self, batch: dict, kept: torch.Tensor, kept_advantages: torch.Tensor) -> tuple[dict, int]:
         """Keep only the `kept` rows (global indices) and deal them out evenly over the ranks."""
-        unknown = sorted(k for k, v in batch.items() if v is not None and k not in _ROW_KEYS and k != "num_items_in_batch")
+        unknown = sorted(k for k, v in batch.items() if v is not None and k not in (*_ROW_KEYS, "num_items_in_batch"))
         if unknown:
             raise NotImplementedError(
                 f"sample selection cannot re-index the batch keys {unknown} (multimodal inputs are not supported "
