@@ -1,6 +1,6 @@
 """Training-phase cost of TRL's GRPO vs D3S on the same model and the same generated batch.
 
-    python benchmarks/bench_trl_training_phase.py [--steps 4] [--out benchmarks/results]
+    python benchmarks/bench_trl_training_phase.py [--rounds 3] [--steps 2] [--prompts 2] [--out DIR]
 
 A Llama-style model (~13M parameters, built locally from a config: no download) trains on one fixed
 generation batch of B prompts x G = 32 rollouts (completion lengths 32..128, binary rewards), through
@@ -13,8 +13,11 @@ Generation is a fixed `rollout_func`, so only the training phase differs. Per op
 - select: D3S's `_d3s_select` (gather, selection, re-dealing, counts) — part of `_prepare_inputs`;
 - train phase = fwd+bwd + optim (+ select for D3S).
 
-The first step is a warm-up and is dropped; the median of the others is reported. Prints a table
-and writes `bench_trl_training_phase.json` under --out.
+The settings run in turn, `--rounds` times (so that a change of machine load hits all of them),
+`--steps` optimizer steps each; the first step of every run is a warm-up and is dropped, the median
+of the others is reported. For reference it also times the bare model's fwd+bwd on B*8 vs B*32
+full-width rows (how this machine scales with the batch). Prints a table and writes
+`bench_trl_training_phase.json` under --out.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,21 +143,37 @@ def run(name: str, trainer_cls, config_cls, steps: int, prompts: int, out_dir: P
                   rollout_func=fixed_rollout, callbacks=[timer])
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    measured = timer.steps[1:]  # drop the warm-up step
-    med = {k: statistics.median(s[k] for s in measured) for k in ("fwd_bwd", "optim", "select")}
-    med["train_phase"] = med["fwd_bwd"] + med["optim"] + med["select"]
     return {
         "name": name,
         "rows_trained": logs[-1].get("d3s/rollouts_kept", prompts * G) + logs[-1].get("d3s/padding_rows", 0),
         "token_consumption_ratio": logs[-1].get("d3s/token_consumption_ratio", 1.0),
-        "seconds": med,
-        "per_step": measured,
+        "per_step": timer.steps[1:],  # the first step is a warm-up
     }
+
+
+def model_alone(rows: int, reps: int) -> list[float]:
+    """fwd+bwd seconds of the bare model (TRL's fused log-prob/entropy head) on `rows` full-width rows."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    m = model()
+    add_fused_lm_head(m, outputs=("log_probs", "entropy"))
+    ids = torch.randint(3, VOCAB, (rows, PROMPT_LEN + MAX_LEN))
+    labels = ids.clone()
+    labels[:, :PROMPT_LEN] = -100
+    times = []
+    for _ in range(reps + 1):  # + warm-up
+        start = time.perf_counter()
+        out = m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels, fused_lm_head=True)
+        out.log_probs.sum().backward()
+        times.append(time.perf_counter() - start)
+        m.zero_grad(set_to_none=True)
+    return times[1:]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per setting (the first is warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every setting once, in turn")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per run (the first is warm-up)")
     parser.add_argument("--prompts", type=int, default=2, help="B, prompts per generation batch (x G = 32)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -160,19 +181,34 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     a.out.mkdir(parents=True, exist_ok=True)
-    scratch = a.out / "_scratch"
+    scratch = Path(tempfile.mkdtemp(prefix="d3s-bench-"))  # the trainers' output_dir (nothing is saved)
     n_params = sum(p.numel() for p in model().parameters())
     print(f"model: Llama {LAYERS} layers, hidden {HIDDEN}, vocab {VOCAB}: {n_params / 1e6:.1f}M parameters; "
           f"batch: {a.prompts} prompts x G={G}, completions {MIN_LEN}-{MAX_LEN} tokens; "
-          f"torch threads: {torch.get_num_threads()}")
+          f"torch threads: {torch.get_num_threads()}; {a.rounds} rounds x {a.steps - 1} measured steps")
 
-    results = [
-        run("grpo (TRL GRPOTrainer)", GRPOTrainer, GRPOConfig, a.steps, a.prompts, scratch),
-        run("d3s early: N=8/32, K=5%", D3SGRPOTrainer, D3SConfig, a.steps, a.prompts, scratch,
-            sample_selection="cross", n_init=8, token_selection=True, k_init=0.05),
-        run("d3s late: N=32/32, K=20%", D3SGRPOTrainer, D3SConfig, a.steps, a.prompts, scratch,
-            sample_selection="cross", n_init=32, token_selection=True, k_init=0.20),
+    settings = [
+        ("grpo (TRL GRPOTrainer)", GRPOTrainer, GRPOConfig, {}),
+        ("d3s early: N=8/32, K=5%", D3SGRPOTrainer, D3SConfig,
+         dict(sample_selection="cross", n_init=8, token_selection=True, k_init=0.05)),
+        ("d3s late: N=32/32, K=20%", D3SGRPOTrainer, D3SConfig,
+         dict(sample_selection="cross", n_init=32, token_selection=True, k_init=0.20)),
     ]
+    # Rounds interleave the settings, so that a change of machine load hits all of them alike
+    runs = {name: [] for name, *_ in settings}
+    floor = {a.prompts * G: [], a.prompts * 8: []}
+    for _ in range(a.rounds):
+        for name, trainer_cls, config_cls, d3s in settings:
+            runs[name].append(run(name, trainer_cls, config_cls, a.steps, a.prompts, scratch, **d3s))
+        for rows in floor:
+            floor[rows] += model_alone(rows, 1)
+
+    results = []
+    for name, *_ in settings:
+        steps = [s for r in runs[name] for s in r["per_step"]]
+        med = {k: statistics.median(s[k] for s in steps) for k in ("fwd_bwd", "optim", "select")}
+        med["train_phase"] = statistics.median(s["fwd_bwd"] + s["optim"] + s["select"] for s in steps)
+        results.append({**runs[name][-1], "seconds": med, "per_step": steps})
     base = results[0]["seconds"]["train_phase"]
     header = f"{'setting':26s} {'rows':>5s} {'tokens':>7s} {'fwd+bwd s':>10s} {'optim s':>8s} {'select s':>9s} " \
              f"{'train s':>8s} {'vs GRPO':>8s}"
@@ -183,17 +219,25 @@ def main() -> None:
         r["ratio_vs_grpo"] = s["train_phase"] / base
         print(f"{r['name']:26s} {r['rows_trained']:5.0f} {r['token_consumption_ratio']:7.1%} {s['fwd_bwd']:10.3f} "
               f"{s['optim']:8.3f} {s['select']:9.4f} {s['train_phase']:8.3f} {r['ratio_vs_grpo']:8.3f}")
+    big, small = sorted(floor, reverse=True)
+    floor_ratio = statistics.median(floor[small]) / statistics.median(floor[big])
+    print(f"model alone, fwd+bwd of {small} vs {big} full-width rows: {statistics.median(floor[small]):.3f} s vs "
+          f"{statistics.median(floor[big]):.3f} s = {floor_ratio:.3f}")
     record = {
         "command": "python benchmarks/bench_trl_training_phase.py " + " ".join(
             f"--{k} {v}" for k, v in vars(a).items() if v is not None and k != "out"),
         "model_parameters": n_params,
         "batch": {"prompts": a.prompts, "num_generations": G, "completion_tokens": [MIN_LEN, MAX_LEN]},
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "load_average_at_end": os.getloadavg()},
         "results": results,
+        "model_alone_fwd_bwd_seconds": {str(k): v for k, v in floor.items()},
+        "model_alone_ratio": floor_ratio,
     }
     path = a.out / "bench_trl_training_phase.json"
     path.write_text(json.dumps(record, indent=2))
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"wrote {path}")
 
 

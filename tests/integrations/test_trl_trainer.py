@@ -124,7 +124,8 @@ VARIANT_OBJECTIVES = [(name, objective) for name in VARIANTS for objective in ("
 def test_every_variant_trains_with_both_objectives(tmp_path, name, objective):
     run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path, variant=name, importance_sampling_level=objective,
                        max_steps=2, **SMALL)
-    assert run.args.d3s_settings.importance_sampling_level == {"token": "token", "sequence": "sequence_token"}[objective]
+    expected_level = {"token": "token", "sequence": "sequence_token"}[objective]
+    assert run.args.d3s_settings.importance_sampling_level == expected_level
     logs = step_logs(run)
     assert len(logs) == 2
     assert all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in logs)
@@ -174,7 +175,9 @@ def all_none_reward(completions, **kwargs):
     return [None] * len(completions)
 
 
-@pytest.mark.parametrize("variant, loss_type", [("d3s", "grpo"), ("d1s-c", "dapo"), ("d3s-i", "dapo"), ("pods", "grpo")])
+@pytest.mark.parametrize(
+    "variant, loss_type", [("d3s", "grpo"), ("d1s-c", "dapo"), ("d3s-i", "dapo"), ("pods", "grpo")]
+)
 def test_unscorable_rollouts_are_never_trained_and_counted(tmp_path, variant, loss_type):
     run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path, variant=variant, loss_type=loss_type,
                        reward_funcs=none_or_nan_reward, max_steps=2, **SMALL)
@@ -232,3 +235,13 @@ def test_resume_continues_the_schedule_and_the_run(tmp_path):
     for key in ["d3s/n_keep", "d3s/k_fraction", "d3s/progress", "d3s/rollouts_kept", "d3s/tokens_in_loss", "loss"]:
         assert [h[key] for h in resumed_logs] == pytest.approx([h[key] for h in full_logs[2:]], rel=1e-5), key
     torch.testing.assert_close(flat_params(resumed.model), flat_params(full.model), rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_scores_the_full_eval_batch(tmp_path):
+    from trl_tiny import prompt_dataset
+
+    run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path, variant="d3s", max_steps=2, eval_strategy="steps",
+                       eval_steps=1, per_device_eval_batch_size=8, eval_dataset=prompt_dataset(4), **SMALL)
+    evals = [h for h in run.state.log_history if "eval_loss" in h]
+    assert len(evals) == 2 and all(math.isfinite(h["eval_loss"]) for h in evals)
+    assert all("eval_d3s/n_keep" not in h for h in evals)  # no down-sampling in evaluation

@@ -103,7 +103,7 @@ def make_rollout_func(max_len: int, num_generations: int, *, empty_every: int = 
 
 def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, reward_funcs=length_reward,
                  rollout_func=None, max_len: int = 8, num_generations: int = 4, train_dataset=None,
-                 callbacks=(), resume_from_checkpoint=None, **config):
+                 callbacks=(), resume_from_checkpoint=None, eval_dataset=None, **config):
     """Build a tiny trainer, train it, return it with a `GradRecorder` of every optimizer step.
 
     Defaults: 16 rollouts per generation (4 prompts x G=4), SGD (no Adam amplification of float
@@ -142,6 +142,7 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, rewa
         reward_funcs=reward_funcs,
         args=args,
         train_dataset=train_dataset if train_dataset is not None else prompt_dataset(),
+        eval_dataset=eval_dataset,
         processing_class=tiny_tokenizer(),
         rollout_func=rollout_func or make_rollout_func(max_len, num_generations),
         callbacks=[recorder, *callbacks],
