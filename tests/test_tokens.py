@@ -93,3 +93,19 @@ def test_scores_are_detached():
     ent = torch.rand(2, 3, requires_grad=True)
     s = d3s.token_scores(adv, ent, torch.ones(2, 3, dtype=torch.bool))
     assert not s.requires_grad
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_kthvalue_path_equals_topk_path(monkeypatch, seed):
+    """Large inputs find the cut with kthvalue, small ones with topk: same mask, ties included."""
+    from d3s import tokens
+
+    g = torch.Generator().manual_seed(seed)
+    adv = torch.randint(-2, 3, (12,), generator=g).float()
+    ent = torch.randint(0, 4, (12, 30), generator=g).float()
+    cm = torch.rand(12, 30, generator=g) < 0.7
+    small = d3s.token_mask(adv, ent, cm, 0.1)
+    monkeypatch.setattr(tokens, "_KTHVALUE_FROM", 1)
+    large = d3s.token_mask(adv, ent, cm, 0.1)
+    assert torch.equal(small, large)
+    assert torch.equal(large, sort_reference(adv, ent, cm, 0.1))

@@ -44,8 +44,8 @@ def token_scores(
         advantages = advantages.unsqueeze(1)  # (S, 1)
     if advantages.shape[0] != entropies.shape[0]:
         raise ValueError(f"advantages {tuple(advantages.shape)} do not match entropies {tuple(entropies.shape)}")
-    scores = advantages.detach().abs().float() * entropies.detach().float()  # (S, T)
-    return scores.masked_fill(~completion_mask.bool(), -float("inf"))
+    scores = advantages.detach().abs().float() * entropies.detach().float()  # (S, T), a new tensor
+    return scores.masked_fill_(~completion_mask.bool(), -float("inf"))
 
 
 def num_tokens_to_keep(n_valid: int, fraction: float) -> int:
@@ -64,27 +64,37 @@ def num_tokens_to_keep(n_valid: int, fraction: float) -> int:
     return min(n_valid, max(1, math.ceil(round(fraction * n_valid, 9))))
 
 
-def top_tokens_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
+# Above this many scores `torch.kthvalue` finds the k-th largest faster than `torch.topk` on CPU
+# (measured: 756 ms vs 1231 ms at 64M; 102 ms vs 83 ms at 8M).
+_KTHVALUE_FROM = 1 << 24
+
+
+def top_tokens_mask(scores: torch.Tensor, k: int, n_valid: int | None = None) -> torch.Tensor:
     """Exactly the `k` highest non-padding scores; ties broken by flattened position.
 
     Args:
         scores: `(S, T)` from `token_scores` (-inf marks padding, which is never kept).
         k: number of tokens to keep; clipped to the number of non-padding tokens.
+        n_valid: the number of non-padding scores, if the caller knows it (saves one pass).
 
     Returns:
         bool `(S, T)` with exactly `min(k, n_valid)` True entries.
     """
     flat = scores.reshape(-1)  # (S*T,)
-    valid = flat > -float("inf")  # (S*T,)
-    k = min(int(k), int(valid.sum()))
+    if n_valid is None:
+        n_valid = int((flat > -float("inf")).sum())
+    k = min(int(k), int(n_valid))
     if k <= 0:
         return torch.zeros_like(scores, dtype=torch.bool)
-    # k-th largest value: everything above it is kept, then the first ties in flattened order.
-    kth = torch.topk(flat, k, sorted=False).values.min()
-    above = flat > kth
-    ties = flat == kth
-    room = k - above.sum()
-    keep = above | (ties & (ties.cumsum(0) <= room))
+    # The k-th largest value: everything above it is kept, then the first ties in flattened order.
+    if flat.numel() >= _KTHVALUE_FROM and flat.device.type == "cpu":
+        kth = torch.kthvalue(flat, flat.numel() - k + 1).values
+    else:
+        kth = torch.topk(flat, k, sorted=False).values.min()
+    keep = flat > kth  # (S*T,)
+    room = k - int(keep.sum())
+    if room > 0:
+        keep[(flat == kth).nonzero().squeeze(1)[:room]] = True
     return keep.view_as(scores)
 
 
@@ -106,5 +116,5 @@ def token_mask(
         bool `(S, T)`: exactly `num_tokens_to_keep(n_valid, fraction)` valid tokens.
     """
     scores = token_scores(advantages, entropies, completion_mask)  # (S, T)
-    k = num_tokens_to_keep(int(completion_mask.bool().sum()), fraction)
-    return top_tokens_mask(scores, k)
+    n_valid = int(completion_mask.bool().sum())
+    return top_tokens_mask(scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
