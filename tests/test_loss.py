@@ -178,3 +178,27 @@ def test_bad_arguments():
         d3s.policy_loss(logps, old, adv, mask, importance_sampling_level="sequence")
     with pytest.raises(ValueError, match="beta=0.1 needs ref_per_token_logps"):
         d3s.policy_loss(logps, old, adv, mask, beta=0.1)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence_token"])
+def test_importance_weighted_kl_matches_trls_bias_correction(level):
+    """TRL's use_bias_correction_kl: KL x importance ratio (token ratio, or the sequence ratio with
+    its gradient through every token), added after the surrogate."""
+    logps, old, ref, adv, mask, _ = make_batch(4)
+    beta = 0.3
+    loss, _ = d3s.policy_loss(logps, old, adv, mask, importance_sampling_level=level, beta=beta,
+                              ref_per_token_logps=ref, kl_importance_weighted=True)
+    log_ratio = logps - old
+    if level == "token":
+        w = torch.exp(log_ratio)
+        surrogate_w = w
+    else:
+        w = torch.exp((log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1))
+        surrogate_w = torch.exp(logps - logps.detach()) * w.detach()
+    a = adv.unsqueeze(1)
+    ptl = -torch.min(surrogate_w * a, torch.clamp(surrogate_w, 0.8, 1.2) * a)
+    d = ref - logps
+    ptl = ptl + beta * (torch.exp(d) - d - 1) * w
+    expected = (ptl * mask).sum() / mask.sum()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-10)
+    torch.testing.assert_close(torch.autograd.grad(loss, logps)[0], torch.autograd.grad(expected, logps)[0])

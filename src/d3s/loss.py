@@ -46,6 +46,7 @@ def policy_loss(
     aggregation: Aggregation = "token",
     denominator: torch.Tensor | float | None = None,
     importance_sampling_ratio: torch.Tensor | None = None,
+    kl_importance_weighted: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped GRPO / GSPO-token surrogate plus k3 KL over the used tokens.
 
@@ -67,6 +68,10 @@ def policy_loss(
             for `"sequence"`), e.g. a count over all micro-batches and processes of an update.
         importance_sampling_ratio: optional `(S, T)` or `(S, 1)` truncated ratio correcting for a
             sampler that differs from the trainer (vLLM), multiplied into the surrogate, not the KL.
+        kl_importance_weighted: multiply the KL by the (differentiable) importance ratio — TRL's
+            `use_bias_correction_kl`, the unbiased reverse-KL gradient of DeepSeek-V3.2. The ratio is
+            the token ratio for `"token"` and the sequence ratio s_i (gradient through all its tokens,
+            as TRL's sequence level) for `"sequence_token"`.
 
     Returns:
         `(loss, metrics)`: a scalar loss and a dict of detached scalar tensors — `clip_ratio/low_mean`,
@@ -113,6 +118,11 @@ def policy_loss(
     if beta != 0.0:
         delta = ref_per_token_logps - per_token_logps  # (S, T)
         per_token_kl = torch.exp(delta) - delta - 1  # (S, T), k3
+        if kl_importance_weighted:
+            if importance_sampling_level == "token":
+                per_token_kl = per_token_kl * coef_1  # (S, T)
+            else:
+                per_token_kl = per_token_kl * torch.exp(seq_log_ratio)  # (S, 1), with its gradient
         per_token_loss = per_token_loss + beta * per_token_kl
 
     weights = used if normalizer == "selected" else valid  # (S, T): the per-sequence divisor's tokens

@@ -109,7 +109,6 @@ def test_resolving_the_d3s_fields_twice_changes_nothing(tmp_path):
         (dict(importance_sampling_level="group"), "importance_sampling_level='group'"),
         (dict(entropy_coef=0.01), "entropy_coef=0.01"),
         (dict(delta=2.0), "delta=2.0"),
-        (dict(beta=0.1, use_bias_correction_kl=True), "use_bias_correction_kl=True with beta=0.1"),
     ],
 )
 def test_inconsistent_settings_are_rejected_with_the_values(tmp_path, kwargs, message):

@@ -45,6 +45,7 @@ def assert_same_training(a, b, rtol=1e-5, atol=1e-7):
     [
         ("grpo", {}),
         ("dapo", {"beta": 0.04, "use_bias_correction_kl": False}),  # + k3 KL to a reference model
+        ("dapo", {"beta": 0.04, "num_iterations": 2}),  # + TRL's default importance-weighted KL
         ("bnpo", {"num_iterations": 2}),  # + old log-probs (two updates per generation)
         ("dr_grpo", {}),
     ],

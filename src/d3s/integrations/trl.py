@@ -193,13 +193,6 @@ class D3SConfig(GRPOConfig):
     allow_tightening: bool = field(
         default=False, metadata=_h("Allow a linear schedule whose final N or K is below the initial one.")
     )
-    # TRL's default is True (KL x importance ratio, DeepSeek-V3.2); D3S uses the paper's plain k3 KL
-    # (METHOD section 5), so the default is False here and True is refused when beta != 0.
-    use_bias_correction_kl: bool = field(
-        default=False,
-        metadata=_h("TRL's importance-weighted KL; not supported by D3SGRPOTrainer (plain k3 KL, METHOD section 5)."),
-    )
-
     def __post_init__(self):
         super().__post_init__()
         self._resolve_d3s()
@@ -297,11 +290,6 @@ class D3SConfig(GRPOConfig):
             raise ValueError(
                 f"entropy_coef={self.entropy_coef}, use_adaptive_entropy={self.use_adaptive_entropy}: the entropy "
                 "bonus is not supported by D3SGRPOTrainer; use entropy_coef=0.0, use_adaptive_entropy=False"
-            )
-        if self.use_bias_correction_kl and self.beta != 0.0:
-            raise ValueError(
-                f"use_bias_correction_kl=True with beta={self.beta} is not supported by D3SGRPOTrainer (its KL is the "
-                "plain k3 estimator of METHOD section 5); set use_bias_correction_kl=False"
             )
 
     @property
@@ -585,6 +573,7 @@ class D3SGRPOTrainer(GRPOTrainer):
             aggregation=aggregation,
             denominator=denominator,
             importance_sampling_ratio=weights,
+            kl_importance_weighted=self.args.use_bias_correction_kl,
         )
         loss = loss / accumulation
         if self.aux_loss_enabled:
