@@ -142,6 +142,13 @@ def tiny_model_path(seed: int = 0, cache: Path | None = None) -> Path:
     return target
 
 
+def is_missing_local_model(name: str) -> bool:
+    """True when `name` is written as a local path (starts with / . ~, or has two or more slashes,
+    unlike a hub name `org/model`) and no such folder exists."""
+    looks_local = name.startswith(("/", ".", "~")) or name.count("/") > 1
+    return looks_local and not Path(name).expanduser().exists()
+
+
 def resolve_model(name: str, seed: int = 0) -> str:
     """`embedded` -> the cached SmolLM2 checkpoint, `tiny` -> the tiny random model, else `name`."""
     if name == "embedded":

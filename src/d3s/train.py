@@ -297,7 +297,7 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
     from transformers.trainer_utils import get_last_checkpoint
 
     from d3s.integrations.trl import D3SGRPOTrainer
-    from d3s.models import cache_dir, resolve_model
+    from d3s.models import cache_dir, is_missing_local_model, resolve_model
     from d3s.tasks import prompt_messages
 
     out = Path(config.output_dir)
@@ -313,8 +313,7 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
     config.bf16, config.fp16 = bf16, False
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
 
-    looks_local = run.model.startswith(("/", ".", "~")) or run.model.count("/") > 1
-    if looks_local and not Path(run.model).expanduser().exists():
+    if is_missing_local_model(run.model):
         raise FileNotFoundError(f"model folder {run.model!r} does not exist")
     model_path = resolve_model(run.model, seed=config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -86,8 +86,9 @@ class TransformersSampler:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as e:
             raise ImportError("d3s eval needs transformers: pip install 'd3s[eval]'") from e
-        looks_local = model.startswith(("/", ".", "~")) or model.count("/") > 1
-        if looks_local and not Path(model).expanduser().exists():
+        from d3s.models import is_missing_local_model
+
+        if is_missing_local_model(model):
             raise ModelLoadError(f"model folder {model!r} does not exist")
         self.device = _resolve_device(device)
         torch_dtype = _resolve_dtype(dtype, self.device)
