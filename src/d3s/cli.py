@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Callable, Sequence
 
 USAGE_EXIT = 2
@@ -169,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return USAGE_EXIT
     fn, _ = COMMANDS[name]
+    # transformers 5 renames gradient_checkpointing; TRL and the recipes still use the old name, which
+    # works. Its deprecation notice says nothing a d3s user can act on.
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
     try:
         return fn(rest)
     except (UsageError, RecipeError) as e:
