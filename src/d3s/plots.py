@@ -70,6 +70,10 @@ def _draw(ax, runs: list[tuple[str, list[dict], dict]], key: str, title: str, x:
             drawn = True
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(_XLABEL[x], fontsize=8)
+    if x == "step":
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
     if not drawn:
