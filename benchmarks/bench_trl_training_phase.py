@@ -1,11 +1,15 @@
 """Training-phase cost of TRL's GRPO vs D3S on the same model and the same generated batch.
 
     python benchmarks/bench_trl_training_phase.py [--rounds 3] [--steps 2] [--prompts 2] [--out DIR]
+    python benchmarks/bench_trl_training_phase.py --model embedded --num-generations 16 \
+        --prompt-len 45 --min-len 8 --max-len 48      # the default `d3s train` model and shapes
 
-A Llama-style model (~13M parameters, built locally from a config: no download) trains on one fixed
-generation batch of B prompts x G = 32 rollouts (completion lengths 32..128, binary rewards), through
-TRL's `GRPOTrainer` (baseline) and `D3SGRPOTrainer` at the paper's early setting (N = 8 of 32, K = 5%)
-and late setting (N = 32, K = 20%), with constant schedules so every step is the same setting.
+A Llama-style model (~13M parameters, built locally from a config: no download; or `--model
+embedded`, the default run's SmolLM2-135M-Instruct, or a local model folder) trains on one fixed
+generation batch of B prompts x G rollouts (G = 32, completion lengths 32..128 by default; random
+tokens, binary rewards), through TRL's `GRPOTrainer` (baseline) and `D3SGRPOTrainer` at the paper's
+early setting (N = G/4, K = 5%) and late setting (N = G, K = 20%), with constant schedules so every
+step is the same setting.
 Generation is a fixed `rollout_func`, so only the training phase differs. Per optimizer step:
 
 - fwd+bwd: `training_step` minus its `_prepare_inputs` (the policy forward, loss, backward);
@@ -29,6 +33,7 @@ import platform
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,9 +51,20 @@ from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS, INTERMEDIATE = 8192, 384, 4, 1024
 G, PROMPT_LEN, MIN_LEN, MAX_LEN = 32, 32, 32, 128
+MODEL = "tiny"  # "tiny": the Llama above; otherwise a model for d3s.models.resolve_model ("embedded", a folder)
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
+    if MODEL != "tiny":
+        from transformers import AutoTokenizer
+
+        from d3s.models import resolve_model
+
+        tok = AutoTokenizer.from_pretrained(resolve_model(MODEL))
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        tok.padding_side = "left"
+        return tok
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i + 3 for i in range(VOCAB - 3)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -60,6 +76,12 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 def model() -> LlamaForCausalLM:
     torch.manual_seed(0)
+    if MODEL != "tiny":
+        from transformers import AutoModelForCausalLM
+
+        from d3s.models import resolve_model
+
+        return AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
                          num_attention_heads=6, num_key_value_heads=6, max_position_embeddings=512, pad_token_id=0,
                          eos_token_id=1, bos_token_id=None, tie_word_embeddings=False)
@@ -73,7 +95,8 @@ def fixed_rollout(prompts, trainer):
     for i in range(len(prompts)):
         rng = random.Random(rank * len(prompts) + i)
         prompt_ids.append([rng.randrange(3, VOCAB) for _ in range(PROMPT_LEN)])
-        completion_ids.append([rng.randrange(3, VOCAB) for _ in range(rng.randrange(MIN_LEN, MAX_LEN))] + [1])
+        eos = trainer.eos_token_ids[0] if MODEL != "tiny" else 1
+        completion_ids.append([rng.randrange(3, VOCAB) for _ in range(rng.randrange(MIN_LEN, MAX_LEN))] + [eos])
     return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
 
@@ -157,7 +180,7 @@ def model_alone(rows: int, reps: int) -> list[float]:
 
     m = model()
     add_fused_lm_head(m, outputs=("log_probs", "entropy"))
-    ids = torch.randint(3, VOCAB, (rows, PROMPT_LEN + MAX_LEN))
+    ids = torch.randint(3, VOCAB, (rows, PROMPT_LEN + MAX_LEN))  # VOCAB: the model's (set in main)
     labels = ids.clone()
     labels[:, :PROMPT_LEN] = -100
     times = []
@@ -171,35 +194,48 @@ def model_alone(rows: int, reps: int) -> list[float]:
 
 
 def main() -> None:
+    global MODEL, G, PROMPT_LEN, MIN_LEN, MAX_LEN, VOCAB
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every setting once, in turn")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per run (the first is warm-up)")
     parser.add_argument("--prompts", type=int, default=2, help="B, prompts per generation batch (x G = 32)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--model", default="tiny", help="tiny (a 13M Llama, default), embedded, or a model folder")
+    parser.add_argument("--num-generations", type=int, default=G, help=f"G (default {G})")
+    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help=f"prompt tokens (default {PROMPT_LEN})")
+    parser.add_argument("--min-len", type=int, default=MIN_LEN, help=f"shortest completion (default {MIN_LEN})")
+    parser.add_argument("--max-len", type=int, default=MAX_LEN, help=f"longest completion (default {MAX_LEN})")
+    parser.add_argument("--no-gradient-checkpointing", action="store_true",
+                        help="as `d3s train` runs on a CPU (default: TRL's default, checkpointing on)")
     a = parser.parse_args()
+    MODEL, G, PROMPT_LEN, MIN_LEN, MAX_LEN = a.model, a.num_generations, a.prompt_len, a.min_len, a.max_len
+    extra = {"gradient_checkpointing": False} if a.no_gradient_checkpointing else {}
+    if MODEL != "tiny":
+        VOCAB = model().config.vocab_size
     if a.threads:
         torch.set_num_threads(a.threads)
     a.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="d3s-bench-"))  # the trainers' output_dir (nothing is saved)
     n_params = sum(p.numel() for p in model().parameters())
-    print(f"model: Llama {LAYERS} layers, hidden {HIDDEN}, vocab {VOCAB}: {n_params / 1e6:.1f}M parameters; "
-          f"batch: {a.prompts} prompts x G={G}, completions {MIN_LEN}-{MAX_LEN} tokens; "
+    name = f"Llama {LAYERS} layers, hidden {HIDDEN}" if MODEL == "tiny" else MODEL
+    print(f"model: {name}, vocab {VOCAB}: {n_params / 1e6:.1f}M parameters; "
+          f"batch: {a.prompts} prompts x G={G}, prompts {PROMPT_LEN} tokens, completions {MIN_LEN}-{MAX_LEN} tokens; "
           f"torch threads: {torch.get_num_threads()}; {a.rounds} rounds x {a.steps - 1} measured steps")
 
     settings = [
         ("grpo (TRL GRPOTrainer)", GRPOTrainer, GRPOConfig, {}),
-        ("d3s early: N=8/32, K=5%", D3SGRPOTrainer, D3SConfig,
-         dict(sample_selection="cross", n_init=8, token_selection=True, k_init=0.05)),
-        ("d3s late: N=32/32, K=20%", D3SGRPOTrainer, D3SConfig,
-         dict(sample_selection="cross", n_init=32, token_selection=True, k_init=0.20)),
+        (f"d3s early: N={G // 4}/{G}, K=5%", D3SGRPOTrainer, D3SConfig,
+         dict(sample_selection="cross", n_init=G // 4, token_selection=True, k_init=0.05)),
+        (f"d3s late: N={G}/{G}, K=20%", D3SGRPOTrainer, D3SConfig,
+         dict(sample_selection="cross", n_init=G, token_selection=True, k_init=0.20)),
     ]
     # Rounds interleave the settings, so that a change of machine load hits all of them alike
     runs = {name: [] for name, *_ in settings}
-    floor = {a.prompts * G: [], a.prompts * 8: []}
+    floor = {a.prompts * G: [], a.prompts * G // 4: []}
     for _ in range(a.rounds):
         for name, trainer_cls, config_cls, d3s in settings:
-            runs[name].append(run(name, trainer_cls, config_cls, a.steps, a.prompts, scratch, **d3s))
+            runs[name].append(run(name, trainer_cls, config_cls, a.steps, a.prompts, scratch, **d3s, **extra))
         for rows in floor:
             floor[rows] += model_alone(rows, 1)
 
@@ -224,10 +260,11 @@ def main() -> None:
     print(f"model alone, fwd+bwd of {small} vs {big} full-width rows: {statistics.median(floor[small]):.3f} s vs "
           f"{statistics.median(floor[big]):.3f} s = {floor_ratio:.3f}")
     record = {
-        "command": "python benchmarks/bench_trl_training_phase.py " + " ".join(
-            f"--{k} {v}" for k, v in vars(a).items() if v is not None and k != "out"),
+        "command": " ".join(["python benchmarks/bench_trl_training_phase.py", *sys.argv[1:]]),
+        "model": MODEL,
         "model_parameters": n_params,
-        "batch": {"prompts": a.prompts, "num_generations": G, "completion_tokens": [MIN_LEN, MAX_LEN]},
+        "batch": {"prompts": a.prompts, "num_generations": G, "prompt_tokens": PROMPT_LEN,
+                  "completion_tokens": [MIN_LEN, MAX_LEN]},
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "load_average_at_end": os.getloadavg()},
@@ -235,7 +272,7 @@ def main() -> None:
         "model_alone_fwd_bwd_seconds": {str(k): v for k, v in floor.items()},
         "model_alone_ratio": floor_ratio,
     }
-    path = a.out / "bench_trl_training_phase.json"
+    path = a.out / ("bench_trl_training_phase.json" if MODEL == "tiny" else f"bench_trl_training_phase_{Path(MODEL).name}.json")
     path.write_text(json.dumps(record, indent=2))
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"wrote {path}")
