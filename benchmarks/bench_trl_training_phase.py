@@ -92,10 +92,10 @@ def fixed_rollout(prompts, trainer):
     """The same generation batch at every call: row i of the batch gets the same tokens."""
     rank = trainer.accelerator.process_index
     prompt_ids, completion_ids = [], []
+    eos = trainer.eos_token_ids[0] if MODEL != "tiny" else 1
     for i in range(len(prompts)):
         rng = random.Random(rank * len(prompts) + i)
         prompt_ids.append([rng.randrange(3, VOCAB) for _ in range(PROMPT_LEN)])
-        eos = trainer.eos_token_ids[0] if MODEL != "tiny" else 1
         completion_ids.append([rng.randrange(3, VOCAB) for _ in range(rng.randrange(MIN_LEN, MAX_LEN))] + [eos])
     return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
@@ -198,7 +198,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every setting once, in turn")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per run (the first is warm-up)")
-    parser.add_argument("--prompts", type=int, default=2, help="B, prompts per generation batch (x G = 32)")
+    parser.add_argument("--prompts", type=int, default=2, help="B, prompts per generation batch (x G)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--model", default="tiny", help="tiny (a 13M Llama, default), embedded, or a model folder")
@@ -211,13 +211,13 @@ def main() -> None:
     a = parser.parse_args()
     MODEL, G, PROMPT_LEN, MIN_LEN, MAX_LEN = a.model, a.num_generations, a.prompt_len, a.min_len, a.max_len
     extra = {"gradient_checkpointing": False} if a.no_gradient_checkpointing else {}
-    if MODEL != "tiny":
-        VOCAB = model().config.vocab_size
     if a.threads:
         torch.set_num_threads(a.threads)
     a.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="d3s-bench-"))  # the trainers' output_dir (nothing is saved)
-    n_params = sum(p.numel() for p in model().parameters())
+    probe = model()
+    VOCAB, n_params = probe.config.vocab_size, sum(p.numel() for p in probe.parameters())
+    del probe
     name = f"Llama {LAYERS} layers, hidden {HIDDEN}" if MODEL == "tiny" else MODEL
     print(f"model: {name}, vocab {VOCAB}: {n_params / 1e6:.1f}M parameters; "
           f"batch: {a.prompts} prompts x G={G}, prompts {PROMPT_LEN} tokens, completions {MIN_LEN}-{MAX_LEN} tokens; "
