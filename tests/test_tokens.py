@@ -109,3 +109,51 @@ def test_kthvalue_path_equals_topk_path(monkeypatch, seed):
     large = d3s.token_mask(adv, ent, cm, 0.1)
     assert torch.equal(small, large)
     assert torch.equal(large, sort_reference(adv, ent, cm, 0.1))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", ["entropy", "advantage"])
+def test_non_finite_scores_never_empty_or_overfill_the_mask(bad, where):
+    """A NaN/inf |A| * H ranks below every real score: exactly ceil(K * n_valid) tokens, real ones first."""
+    g = torch.Generator().manual_seed(3)
+    S, T = 6, 10
+    completion_mask = torch.rand(S, T, generator=g) < 0.8
+    adv = torch.randn(S, generator=g)
+    ent = torch.rand(S, T, generator=g) + 0.1
+    if where == "entropy":
+        ent[0, :] = bad  # a whole row of broken entropies
+        ent[3, 2] = bad
+        broken = torch.zeros(S, T, dtype=torch.bool)
+        broken[0, :], broken[3, 2] = True, True
+    else:
+        adv[2] = bad
+        broken = torch.zeros(S, T, dtype=torch.bool)
+        broken[2, :] = True
+    broken &= completion_mask
+    n_valid = int(completion_mask.sum())
+    for fraction in (0.05, 0.2, 0.5, 1.0):
+        m = d3s.token_mask(adv, ent, completion_mask, fraction)
+        k = max(1, math.ceil(round(fraction * n_valid, 9)))
+        assert int(m.sum()) == k
+        assert not (m & ~completion_mask).any()
+        n_real = n_valid - int(broken.sum())
+        # broken tokens only fill what the real tokens cannot
+        assert int((m & broken).sum()) == max(0, k - n_real)
+        # the real tokens kept are the top real scores (reference over the real tokens only)
+        real_mask = completion_mask & ~broken
+        ref = sort_reference(adv.nan_to_num(0.0, 0.0, 0.0), ent.nan_to_num(0.0, 0.0, 0.0), real_mask, min(1.0, k / n_real))
+        if k <= n_real:
+            assert torch.equal(m & real_mask, ref)
+    assert int(d3s.nonfinite_scores(adv, ent, completion_mask)) == int(broken.sum())
+
+
+def test_all_scores_non_finite_still_keep_the_count():
+    completion_mask = torch.ones(2, 5, dtype=torch.bool)
+    m = d3s.token_mask(torch.ones(2), torch.full((2, 5), float("nan")), completion_mask, 0.2)
+    assert int(m.sum()) == 2
+
+
+def test_top_tokens_mask_refuses_nan_scores():
+    scores = torch.tensor([[1.0, float("nan")], [0.5, -float("inf")]])
+    with pytest.raises(ValueError, match="NaN"):
+        d3s.top_tokens_mask(scores, 1)

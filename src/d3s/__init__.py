@@ -19,7 +19,7 @@ from d3s.loss import policy_loss
 from d3s.metrics import avg_at_n, pass_at_k, population_variance, sample_usefulness_rate
 from d3s.sampling import RolloutSelection, max_variance_mask, max_variance_subset, select_rollouts
 from d3s.schedule import linear_schedule
-from d3s.tokens import num_tokens_to_keep, token_mask, token_scores, top_tokens_mask
+from d3s.tokens import nonfinite_scores, num_tokens_to_keep, token_mask, token_scores, top_tokens_mask
 from d3s.variants import VARIANTS, Variant, get_variant
 
 __version__ = "0.1.0"
@@ -43,5 +43,6 @@ __all__ = [
     "token_entropy",
     "token_mask",
     "token_scores",
+    "nonfinite_scores",
     "top_tokens_mask",
 ]

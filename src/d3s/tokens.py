@@ -13,6 +13,11 @@ Three steps, exposed separately so that a distributed caller can apply one globa
 
 Ties at the cut are broken by flattened position (lower first), so the count is exact and every
 process that sees the same gathered scores keeps the same tokens.
+
+Non-finite scores (a NaN or infinite entropy or advantage on a valid token) never decide the cut:
+`token_scores` gives them the lowest finite score (`LOWEST_SCORE`), so they are kept only when the
+count cannot be reached otherwise, and the count stays exactly ceil(K * n_valid). Count them with
+`nonfinite_scores` to report them. `top_tokens_mask` refuses NaN scores.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from __future__ import annotations
 import math
 
 import torch
+
+LOWEST_SCORE = torch.finfo(torch.float32).min
+"""The score of a valid token whose |A| * H is not finite: below every real score, above padding."""
 
 
 def token_scores(
@@ -33,7 +41,8 @@ def token_scores(
         completion_mask: `(S, T)` 1/True on valid completion tokens.
 
     Returns:
-        `(S, T)` float scores, detached.
+        `(S, T)` float32 scores, detached: -inf on padding, `LOWEST_SCORE` where |A| * H is not
+        finite (NaN or infinite entropy or advantage), |A| * H elsewhere.
     """
     if entropies.dim() != 2 or entropies.shape != completion_mask.shape:
         raise ValueError(
@@ -45,7 +54,16 @@ def token_scores(
     if advantages.shape[0] != entropies.shape[0]:
         raise ValueError(f"advantages {tuple(advantages.shape)} do not match entropies {tuple(entropies.shape)}")
     scores = advantages.detach().abs().float() * entropies.detach().float()  # (S, T), a new tensor
+    scores.masked_fill_(~torch.isfinite(scores), LOWEST_SCORE)
     return scores.masked_fill_(~completion_mask.bool(), -float("inf"))
+
+
+def nonfinite_scores(advantages: torch.Tensor, entropies: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Number of valid tokens whose |A| * H is NaN or infinite (0-dim int64 tensor), for a metric."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (S, 1)
+    scores = advantages.detach().abs().float() * entropies.detach().float()  # (S, T)
+    return (~torch.isfinite(scores) & completion_mask.bool()).sum()
 
 
 def num_tokens_to_keep(n_valid: int, fraction: float) -> int:
@@ -81,6 +99,12 @@ def top_tokens_mask(scores: torch.Tensor, k: int, n_valid: int | None = None) ->
         bool `(S, T)` with exactly `min(k, n_valid)` True entries.
     """
     flat = scores.reshape(-1)  # (S*T,)
+    if torch.isnan(flat).any():
+        bad = torch.isnan(scores).nonzero()[0].tolist()
+        raise ValueError(
+            f"scores contain NaN (first at row {bad[0]}, position {bad[-1]}); build them with token_scores, which "
+            "maps non-finite scores to LOWEST_SCORE"
+        )
     if n_valid is None:
         n_valid = int((flat > -float("inf")).sum())
     k = min(int(k), int(n_valid))

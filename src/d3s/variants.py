@@ -148,8 +148,10 @@ VARIANTS: dict[str, Variant] = {
 def get_variant(name: str, **overrides) -> Variant:
     """`VARIANTS[name]` with `overrides` applied; a clear error for an unknown name.
 
-    For a constant-schedule variant, overriding only `n_init` (or `k_init`) moves the final value
-    with it, so `get_variant("d1s", n_init=4)` keeps 4 per group throughout.
+    One rule for explicit values: on a constant-schedule variant, `n_init` or `n_final` (likewise
+    `k_init` or `k_final`) given alone sets the constant, so `get_variant("d1s", n_init=4)` and
+    `get_variant("d1s", n_final=4)` both keep 4 per group throughout; on a linear variant each sets
+    its own end of the schedule.
     """
     if name not in VARIANTS:
         raise ValueError(f"variant={name!r}; valid: {', '.join(VARIANTS)}")
@@ -158,4 +160,6 @@ def get_variant(name: str, **overrides) -> Variant:
         for init, final in (("n_init", "n_final"), ("k_init", "k_final")):
             if init in overrides and final not in overrides:
                 overrides[final] = overrides[init]
+            elif final in overrides and init not in overrides:
+                overrides[init] = overrides[final]
     return base.replace(**overrides) if overrides else base

@@ -103,12 +103,14 @@ def test_counts_follow_the_schedule(tmp_path):
                        callbacks=[counter], rollout_func=rollout, **SMALL)
     logs = step_logs(run)
     for step, h in enumerate(logs):
-        n_keep, fraction = linear_schedule(step / max_steps, 2, 4, 0.1, 0.5, G)
+        n_keep, fraction = linear_schedule(step / (max_steps - 1), 2, 4, 0.1, 0.5, G)  # first p = 0, last p = 1
         assert (h["d3s/n_keep"], h["d3s/k_fraction"]) == (n_keep, pytest.approx(fraction))
         assert h["d3s/rollouts_kept"] == n_keep * B
         # rows dealt to the 2 micro-batches: a multiple of 2, the rest are zero-weight padding rows
         assert counter.rows_per_step[step] == 2 * math.ceil(n_keep * B / 2) == n_keep * B + h["d3s/padding_rows"]
     assert [h["d3s/n_keep"] for h in logs] == [2, 3, 3, 4]  # the schedule really moves
+    assert (logs[0]["d3s/progress"], logs[-1]["d3s/progress"]) == (0.0, 1.0)
+    assert logs[-1]["d3s/k_fraction"] == 0.5  # the last step runs at the final values
     # the token budget is exactly ceil(K * valid tokens of the kept rollouts), and the mask has that many
     last = run.d3s_last_selection
     assert int(last["token_mask"].sum()) == last["tokens_in_loss"] == logs[-1]["d3s/tokens_in_loss"]
