@@ -103,7 +103,7 @@ def make_rollout_func(max_len: int, num_generations: int, *, empty_every: int = 
 
 def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, reward_funcs=length_reward,
                  rollout_func=None, max_len: int = 8, num_generations: int = 4, train_dataset=None,
-                 callbacks=(), resume_from_checkpoint=None, eval_dataset=None, **config):
+                 callbacks=(), resume_from_checkpoint=None, eval_dataset=None, setup=None, **config):
     """Build a tiny trainer, train it, return it with a `GradRecorder` of every optimizer step.
 
     Defaults: 16 rollouts per generation (4 prompts x G=4), SGD (no Adam amplification of float
@@ -137,6 +137,8 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, rewa
         path = os.path.join(str(tmp_path), "tiny-model")
         model.save_pretrained(path)
         model = path
+    if setup is not None:
+        trainer_cls = _with_setup(trainer_cls, setup)
     trainer = trainer_cls(
         model=model,
         reward_funcs=reward_funcs,
@@ -144,12 +146,24 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, rewa
         train_dataset=train_dataset if train_dataset is not None else prompt_dataset(),
         eval_dataset=eval_dataset,
         processing_class=tiny_tokenizer(),
-        rollout_func=rollout_func or make_rollout_func(max_len, num_generations),
+        # rollout_func="generate": transformers generation (sampled from the tiny model itself)
+        rollout_func=None if rollout_func == "generate" else rollout_func or make_rollout_func(max_len, num_generations),
         callbacks=[recorder, *callbacks],
     )
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.grad_recorder = recorder
     return trainer
+
+
+def _with_setup(trainer_cls, setup):
+    """`trainer_cls` whose instances are passed to `setup(trainer)` right after construction."""
+
+    class WithSetup(trainer_cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            setup(self)
+
+    return WithSetup
 
 
 def flat_params(model) -> torch.Tensor:

@@ -140,6 +140,7 @@ _ROW_KEYS = {
     "sampling_per_token_logps": (0.0, False),
     "importance_sampling_ratio": (0.0, False),
     "tool_mask": (0, False),
+    "d3s_entropies": (0.0, False),  # entropies read from generation, when available
 }
 _COMPLETION_AXIS_KEYS = (
     "completion_ids",
@@ -149,6 +150,7 @@ _COMPLETION_AXIS_KEYS = (
     "sampling_per_token_logps",
     "importance_sampling_ratio",
     "tool_mask",
+    "d3s_entropies",
 )
 _SUPPORTED_LOSS_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
 
@@ -719,7 +721,10 @@ class D3SGRPOTrainer(GRPOTrainer):
             return
         mask = loss_mask.to(entropies.dtype)
         totals = self.accelerator.reduce(torch.stack([(entropies * mask).sum(), mask.sum()]).float(), reduction="sum")
-        self._metrics["train"]["entropy/generated"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+        value = (totals[0] / totals[1].clamp(min=1.0)).item()
+        self._metrics["train"]["entropy/generated"].append(value)
+        if self.d3s_active:  # TRL's `entropy` (plain runs log it from their training forward, over every token)
+            self._metrics["train"]["entropy"].append(value)
 
     @torch.no_grad()
     def _d3s_monitor_kl(self, batch: dict) -> None:
@@ -1026,7 +1031,7 @@ class _GenerationEntropy:
             return None
         entropies = torch.stack(self.steps, dim=1).to(completion_mask.device)  # (S, steps)
         lengths = completion_mask.sum(dim=1)
-        if int(lengths.max(initial=0) if lengths.numel() else 0) > entropies.size(1):
+        if lengths.numel() and int(lengths.max()) > entropies.size(1):
             return None  # a completion longer than what was observed: not this batch's generation
         if entropies.size(1) >= width:
             return entropies[:, :width]
