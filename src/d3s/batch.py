@@ -142,7 +142,7 @@ def sampler_correction_ratio(
         )
     ratio = torch.exp(diff)  # (S, T) or (S, 1)
     if mode.endswith("_truncate"):
-        return torch.clamp(ratio, min=clip_min, max=clip_max)
+        return ratio if clip_min is None and clip_max is None else torch.clamp(ratio, min=clip_min, max=clip_max)
     low = -math.inf if clip_min is None else clip_min
     high = math.inf if clip_max is None else clip_max
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)

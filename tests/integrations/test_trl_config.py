@@ -124,3 +124,31 @@ def test_trainer_refuses_a_plain_grpo_config(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=8, num_generations=8)
     with pytest.raises(TypeError, match="D3SConfig"):
         D3SGRPOTrainer(model="unused", reward_funcs=[], args=args)
+
+
+@pytest.mark.parametrize(
+    "variant, given, expected",
+    [
+        ("d1s", dict(n_init=3), dict(n_init=3, n_final=3)),  # constant: n_init alone sets the constant
+        ("d1s", dict(n_final=5), dict(n_init=5, n_final=5)),  # ... and so does n_final alone
+        ("d2s", dict(k_init=0.1), dict(k_init=0.1, k_final=0.1, n_init=2, n_final=2)),
+        ("d2s", dict(k_final=0.3), dict(k_init=0.3, k_final=0.3)),
+        ("d3s", dict(n_init=3), dict(n_init=3, n_final=8)),  # linear: each sets its own end
+        ("d3s", dict(k_final=0.5), dict(k_init=0.05, k_final=0.5)),
+    ],
+)
+def test_explicit_counts_on_a_variant_follow_one_rule(tmp_path, variant, given, expected):
+    args = config(tmp_path, variant=variant, **given)
+    assert {name: getattr(args, name) for name in expected} == expected
+    if variant != "d3s":  # the core's get_variant follows the same rule for constant variants
+        core = __import__("d3s").get_variant(variant, num_generations=8, **given)
+        assert core.schedule_at(0.7) == core.schedule_at(0.0)
+
+
+def test_d3s_train_variant_d1s_with_n_init_trains_with_that_n(tmp_path):
+    from d3s.recipe import parse_train_args
+
+    _, cfg, _ = parse_train_args(["--config", "smoke", "--variant", "d1s", "--n_init", "2",
+                                  "--output_dir", str(tmp_path)])
+    assert (cfg.n_init, cfg.n_final) == (2, 2)
+    assert {cfg.d3s_settings.schedule_at(p)[0] for p in (0.0, 0.5, 1.0)} == {2}
