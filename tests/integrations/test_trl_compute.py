@@ -383,3 +383,85 @@ def test_rows_of_length_zero_and_kept_last_positions(tmp_path, variant):
     ours, ref = both(tmp_path, **config)
     assert_same_update(ours, ref)
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in step_logs(ours))
+
+
+class FakeVLLM:
+    """Stands in for TRL's colocated vLLM engine (`trainer.vllm_generation`): deterministic completions and
+    sampler log-probs that differ from the trainer's, so TRL's vLLM branch (old-policy pass, sampler
+    correction ratio) runs on a CPU without vLLM. Real vLLM runs are in tests/vllm (opt-in)."""
+
+    def __init__(self, max_len=6):
+        self.max_len, self.syncs, self.calls = max_len, 0, 0
+
+    def sync_weights(self):
+        self.syncs += 1
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        self.calls += 1
+        completions, logprobs = [], []
+        for i, prompt in enumerate(prompts):
+            n = 1 + (sum(prompt) * 7 + i * 3 + self.calls) % self.max_len
+            ids = [3 + (sum(prompt) + 5 * i + 11 * t + self.calls) % (VOCAB - 3) for t in range(n - 1)] + [EOS]
+            completions.append(ids)
+            logprobs.append([[-0.3 - 0.2 * ((tok + t) % 4)] for t, tok in enumerate(ids)])
+        return prompts, completions, logprobs, None
+
+
+def fake_vllm_setup(mode, stash):
+    def setup(trainer):
+        trainer.use_vllm = True
+        trainer.vllm_generation = FakeVLLM()
+        trainer._last_loaded_step = -1
+        trainer.vllm_importance_sampling_correction = True
+        trainer.vllm_importance_sampling_mode = mode
+        original = trainer._generate_and_score_completions
+
+        def generate_and_score(inputs):
+            out = original(inputs)
+            stash.append({k: v.clone() for k, v in out.items() if isinstance(v, torch.Tensor)})
+            if "kept" in getattr(trainer, "d3s_last_selection", {}):
+                stash[-1]["d3s_kept"] = trainer.d3s_last_selection["kept"].clone()
+            return out
+
+        trainer._generate_and_score_completions = generate_and_score
+
+    return setup
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])
+def test_vllm_path_kept_rows_get_trls_sampler_terms(tmp_path, mode):
+    """Under (fake) vLLM generation: old log-probs, sampling log-probs and the sampler-correction ratio of the
+    kept rollouts equal TRL's for those rollouts; the update equals the full masked computation."""
+    trl_batches, d3s_batches = [], []
+    common = dict(rollout_func="generate", max_steps=2, per_device_train_batch_size=16)
+    run_training(GRPOTrainer, GRPOConfig, tmp_path / "trl", setup=fake_vllm_setup(mode, trl_batches), **common)
+    d3s = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "d3s", variant="d3s", kl_log_every=0,
+                       setup=fake_vllm_setup(mode, d3s_batches), **common)
+    trl_b, ours = trl_batches[0], d3s_batches[0]
+    assert ours["completion_ids"].size(0) < trl_b["completion_ids"].size(0)  # only kept rows were carried
+    first_kept = ours["d3s_kept"]  # the kept rows of the first generation, in the order they were dealt
+    T = ours["completion_ids"].size(1)
+    mask = ours["completion_mask"].bool()
+    for key in ("old_per_token_logps", "sampling_per_token_logps"):
+        torch.testing.assert_close(ours[key][mask], trl_b[key][first_kept][:, :T][mask], rtol=1e-5, atol=1e-6)
+    ratio_trl = trl_b["importance_sampling_ratio"][first_kept]
+    ratio_trl = ratio_trl if ratio_trl.size(1) == 1 else ratio_trl[:, :T]
+    if ratio_trl.size(1) == 1:
+        torch.testing.assert_close(ours["importance_sampling_ratio"], ratio_trl, rtol=1e-5, atol=1e-6)
+    else:
+        torch.testing.assert_close(ours["importance_sampling_ratio"][mask], ratio_trl[mask], rtol=1e-5, atol=1e-6)
+    assert d3s.vllm_generation.syncs == 2  # weights synced before each generation, rows dropped or not
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_truncate"])
+def test_vllm_path_selective_forward_equals_the_full_masked_computation(tmp_path, mode):
+    stash = []
+
+    def setup(trainer):
+        fake_vllm_setup(mode, stash)(trainer)
+        trainer.checked = []
+
+    run = run_training(CheckingTrainer, D3SConfig, tmp_path, rollout_func="generate", variant="d3s", max_steps=2,
+                       per_device_train_batch_size=8, gradient_accumulation_steps=2, kl_log_every=0, setup=setup)
+    assert len(run.checked) == 4 and max(run.checked) > 0
+    assert run.d3s_last_selection["entropy_source"] == "old-policy pass"  # no transformers logits under vLLM
