@@ -50,7 +50,7 @@ def _load(out: Path, name: str):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "micro_batches, loss_type",
-    [(1, "grpo"), (2, "dapo")],  # 1: token mask from the training forward; 2: from a forward after generation
+    [(1, "grpo"), (2, "dapo")],  # one or two micro-batches per generation batch
 )
 def test_two_processes_match_one(tmp_path, micro_batches, loss_type):
     _run(tmp_path, 1, micro_batches, loss_type)

@@ -62,9 +62,9 @@ class SelectionDump(TrainerCallback):
 class _Trainer(D3SGRPOTrainer):
     dump = None
 
-    def _d3s_select(self, batch):
+    def _d3s_select(self, batch, entropies):
         _Trainer.dump.trainer = self
-        return super()._d3s_select(batch)
+        return super()._d3s_select(batch, entropies)
 
 
 def main(out_dir: str, micro_batches: int, loss_type: str) -> None:

@@ -923,36 +923,56 @@ class D3SGRPOTrainer(GRPOTrainer):
             grad_positions=one,
             value_positions=None,
         )
-        self._metrics["train"]["d3s/skipped_forwards"].append(1.0)
+        advantages = inputs["advantages"]
+        self._d3s_log_loss_metrics(None, None, None, advantages, None, None)
         return (logps * 0.0).sum()
 
     def _d3s_log_loss_metrics(self, metrics, per_token_logps, old_per_token_logps, advantages, used, entropies):
-        """TRL's loss metrics over the tokens in the loss, reduced over all ranks in the same order."""
-        self._metrics["train"]["d3s/skipped_forwards"].append(0.0)
-        u = used.to(per_token_logps.dtype)
-        n_used = metrics["tokens_used"]
+        """TRL's loss metrics over the tokens in the loss, reduced over all ranks.
+
+        Every rank makes the same collective calls in the same order, also a rank whose micro-batch
+        skipped its forward (`metrics` None: it contributes no token).
+        """
+        device = advantages.device
         names = ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
         if self.beta != 0.0:
             names.append("kl")
-        sums = [(entropies.detach().float() * u).sum(), n_used] + [metrics[name] * n_used for name in names]
-        totals = self.accelerator.reduce(torch.stack([s.float() for s in sums]), reduction="sum")
-        self._metrics["train"]["entropy/trained"].append((totals[0] / totals[1].clamp(min=1.0)).item())
-        if "entropy/generated" not in self._metrics["train"]:
-            self._metrics["train"]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
-        for i, name in enumerate(names):
-            self._metrics["train"][name].append((totals[2 + i] / totals[1].clamp(min=1.0)).item())
-        # TRL's per-sequence extremes: the lowest share of low-clipped and the highest of high-clipped tokens
-        with torch.no_grad():
-            old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-            coef = torch.exp(per_token_logps.detach() - old)  # (S, T)
-            adv = advantages.unsqueeze(1)
-            rows = used.any(dim=1)
-            low = (((coef < 1 - self.epsilon_low) & (adv < 0)).to(u.dtype) * u).sum(1) / u.sum(1).clamp(min=1.0)
-            high = (((coef > 1 + self.epsilon_high) & (adv > 0)).to(u.dtype) * u).sum(1) / u.sum(1).clamp(min=1.0)
-            nan = torch.full_like(low, float("nan"))
-            low, high = torch.where(rows, low, nan), torch.where(rows, high, nan)
-        self._metrics["train"]["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(low)).item())
-        self._metrics["train"]["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(high)).item())
+        if metrics is None:
+            sums = torch.zeros(2 + len(names), device=device)
+            low = high = torch.full((1,), float("nan"), device=device)
+        else:
+            u = used.to(per_token_logps.dtype)
+            n_used = metrics["tokens_used"]
+            sums = torch.stack(
+                [(entropies.detach().float() * u).sum(), n_used.float()] + [(metrics[n] * n_used).float() for n in names]
+            )
+            # TRL's per-sequence extremes: the lowest share of low-clipped and the highest of high-clipped tokens
+            with torch.no_grad():
+                old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+                coef = torch.exp(per_token_logps.detach() - old)  # (S, T)
+                adv = advantages.unsqueeze(1)
+                count = u.sum(1).clamp(min=1.0)
+                low = (((coef < 1 - self.epsilon_low) & (adv < 0)).to(u.dtype) * u).sum(1) / count
+                high = (((coef > 1 + self.epsilon_high) & (adv > 0)).to(u.dtype) * u).sum(1) / count
+                rows = used.any(dim=1)
+                low = torch.where(rows, low, torch.full_like(low, float("nan"))).float()
+                high = torch.where(rows, high, torch.full_like(high, float("nan"))).float()
+        train = self._metrics["train"]
+        skipped = self.accelerator.reduce(torch.tensor(float(metrics is None), device=device), reduction="mean")
+        train["d3s/skipped_forwards"].append(float(skipped))  # share of (rank, micro-batch) forwards skipped
+        totals = self.accelerator.reduce(sums, reduction="sum")
+        n = totals[1].clamp(min=1.0)
+        if float(totals[1]) > 0:
+            train["entropy/trained"].append((totals[0] / n).item())
+            if "entropy/generated" not in train:
+                train["entropy"].append((totals[0] / n).item())
+            for i, name in enumerate(names):
+                train[name].append((totals[2 + i] / n).item())
+        low_all = self.accelerator.gather(self.accelerator.pad_across_processes(low, pad_index=float("nan")))
+        high_all = self.accelerator.gather(self.accelerator.pad_across_processes(high, pad_index=float("nan")))
+        if not torch.isnan(low_all).all():
+            train["clip_ratio/low_min"].append(nanmin(low_all).item())
+            train["clip_ratio/high_max"].append(nanmax(high_all).item())
 
 
 _DEFERRED_KEYS = ("old_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio")
