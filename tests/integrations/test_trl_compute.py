@@ -225,6 +225,11 @@ def test_token_cut_stops_the_forward_at_the_last_kept_column(tmp_path):
     assert widths and min(widths) < prompt_len + 8  # some micro-batch stopped before the full width
     mask = run.d3s_last_selection["token_mask"]
     assert int(mask.sum()) == run.d3s_last_selection["tokens_in_loss"]
+    plain = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "grpo", variant="grpo", max_steps=2, max_len=8, **SMALL)
+    computed = [h["d3s/tokens_computed"] for h in step_logs(run)]
+    computed_plain = [h["d3s/tokens_computed"] for h in step_logs(plain)]
+    assert all(a < b for a, b in zip(computed, computed_plain))  # the same batches, fewer positions computed
+    assert 16 * (3 + 1) <= computed_plain[0] <= 16 * (3 + 8)  # every row, prompt + the batch's completion width
 
 
 def test_zero_gradient_micro_batches_skip_the_forward_but_step_the_optimizer(tmp_path):

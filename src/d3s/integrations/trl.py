@@ -467,7 +467,6 @@ class D3SGRPOTrainer(GRPOTrainer):
         metrics["d3s/rollouts_kept"].append(float(advantages.numel()))
         metrics["d3s/rollout_ratio"].append(1.0)
         metrics["d3s/tokens_in_loss"].append(float(n_valid))
-        metrics["d3s/tokens_computed"].append(float(n_valid))
         metrics["d3s/token_consumption_ratio"].append(1.0)
         exact = self._d3s_exact_advantages(rewards, advantages)
         metrics["d3s/sample_usefulness_rate"].append(
@@ -808,18 +807,28 @@ class D3SGRPOTrainer(GRPOTrainer):
         }
         with self.accelerator.autocast():
             logps, entropies = model(input_ids=input_ids, attention_mask=attention_mask, d3s_positions=positions)
+        if grad_positions is not None:
+            self._d3s_count_computed(input_ids.numel())
         if W < T:  # (S, W) -> (S, T)
             logps = torch.nn.functional.pad(logps, (0, T - W))
             entropies = None if entropies is None else torch.nn.functional.pad(entropies, (0, T - W))
         return logps, entropies
+
+    def _d3s_count_computed(self, positions: int) -> None:
+        """`d3s/tokens_computed`: positions of the training forward (with gradient), all ranks, summed over
+        the step's micro-batches (TRL averages a step's values, hence the factor)."""
+        total = self.accelerator.reduce(torch.tensor(float(positions), device=self.accelerator.device), reduction="sum")
+        self._metrics["train"]["d3s/tokens_computed"].append(float(total) * self.current_gradient_accumulation_steps)
 
     # -- loss (paper eqs. 1, 3, 10) -----------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
         if not self.d3s_active or not self.model.training:
             loss = super()._compute_loss(model, inputs)  # TRL's own computation (plain GRPO/GSPO, evaluation)
-            if self.model.training and self._metrics["train"]["entropy"]:
-                self._metrics["train"]["entropy/trained"].append(self._metrics["train"]["entropy"][-1])
+            if self.model.training:
+                self._d3s_count_computed(inputs["prompt_ids"].numel() + inputs["completion_ids"].numel())
+                if self._metrics["train"]["entropy"]:
+                    self._metrics["train"]["entropy/trained"].append(self._metrics["train"]["entropy"][-1])
             return loss
         settings = self.args.d3s_settings
         completion_mask = inputs["completion_mask"]
