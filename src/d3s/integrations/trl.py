@@ -161,13 +161,13 @@ def _h(text: str) -> dict:
 
 @dataclass
 class D3SConfig(GRPOConfig):
-    """`GRPOConfig` plus the D3S settings (METHOD sections 2-4, 6).
+    """`GRPOConfig` plus the D3S settings (docs/method.md sections 2-4, 6).
 
     Set `variant` to one of `d3s.VARIANTS` (grpo, gspo, pods, d1s, d1s-c, d2s, d3s, d3s-i) to fill
     every D3S field you leave unset; fields you set win. The variants' rollout counts are the
     paper's for G = 32 (N 8 -> 32) and are scaled to your `num_generations` (round half up, kept in
     [2, G]): G = 16 gives N 4 -> 16. The GSPO objective is TRL's `importance_sampling_level=
-    "sequence"`, computed with the GSPO-token ratio (METHOD section 5) so a token mask really masks
+    "sequence"`, computed with the GSPO-token ratio (docs/method.md section 5) so a token mask really masks
     tokens; `variant="gspo"` sets it, and every other variant combines with it.
     """
 
@@ -178,7 +178,7 @@ class D3SConfig(GRPOConfig):
     sample_selection: str | None = field(
         default=None,
         metadata=_h(
-            "Rollout selection (METHOD section 2): 'none' (keep all, TRL's GRPO), 'intra' (max-variance N per group), "
+            "Rollout selection (docs/method.md section 2): 'none' (keep all, TRL's GRPO), 'intra' (max-variance N per group), "
             "'cross' (max-variance N*B over the whole generation batch), 'pods' (max reward variance N per group, "
             "re-normalised). Default 'none'."
         ),
