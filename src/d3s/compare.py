@@ -17,6 +17,7 @@ to first reach the reference variant's final accuracy (`grpo` if present), with 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,8 @@ def run_dir(root: Path, variant: str, seed: int) -> Path:
 
 def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str]) -> Path:
     """Run (or resume, or reuse) one `d3s train` in a child process; returns its folder."""
+    from d3s.recipe import RecipeError
+
     out = run_dir(root, variant, seed)
     if (out / "summary.json").is_file():
         print(f"d3s compare: reusing {out}", file=sys.stderr)
@@ -45,11 +48,32 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str]) -> P
            "--output_dir", str(out), "--resume", "true" if resume else "false"]
     print(f"d3s compare: {'resuming' if resume else 'running'} {variant} seed {seed} -> {out}", file=sys.stderr,
           flush=True)
-    done = subprocess.run(cmd)
+    # the run's own "how to continue" line must name this command, not the d3s train it runs
+    env = {**os.environ, "D3S_CONTINUE_HINT": "rerun the same d3s compare command"}
+    done = subprocess.run(cmd, env=env)
+    if done.returncode in (130, 143, -2, -15):  # the child was stopped and said what it saved
+        raise KeyboardInterrupt
     if done.returncode != 0:
-        raise RuntimeError(f"d3s train for {variant} seed {seed} failed (exit {done.returncode}); "
-                           "rerun the same d3s compare command to resume it")
+        raise RecipeError(f"d3s train for {variant} seed {seed} failed (exit {done.returncode}, its error is above); "
+                          "fix it and rerun the same d3s compare command to continue")
     return out
+
+
+def claim_root(root: Path) -> None:
+    """Refuse a non-empty `root` that is not a comparison's (its files, or a run folder of one)."""
+    from d3s.runfolder import RunFolderError, is_run_folder
+
+    if root.exists() and not root.is_dir():
+        raise RunFolderError(f"--output_dir {str(root)!r} is a file; give a folder")
+    if not root.is_dir():
+        return
+    entries = sorted(p.name for p in root.iterdir() if p.name != ".DS_Store")
+    ours = any((root / n).is_file() for n in ("compare.json", "compare.md")) or any(
+        is_run_folder(p) for p in root.iterdir() if p.is_dir() and "-seed" in p.name)
+    if entries and not ours:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise RunFolderError(f"--output_dir {str(root)!r} is not empty ({len(entries)} entries: {shown}) and holds no "
+                             "d3s comparison; pick another --output_dir")
 
 
 def _reach(records: list[dict], target: float) -> dict | None:
@@ -163,7 +187,11 @@ def cmd_compare(argv: Sequence[str]) -> int:
     parse_train_args(train_argv)  # fail fast on a bad recipe or field, before any run starts
 
     root = Path(args.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    claim_root(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RecipeError(f"--output_dir {str(root)!r} cannot be written ({err.strerror})") from None
     for seed in seeds:  # seeds outermost: a partial comparison already covers every variant
         for v in variants:
             run_one(root, v, seed, train_argv)

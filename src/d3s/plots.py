@@ -6,7 +6,6 @@ one line style per seed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 # (record key, panel title, x axis)
@@ -28,7 +27,10 @@ _XLABEL = {"step": "step", "wall_s": "training wall-clock (min)", "trained_token
 
 
 def read_records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a `metrics.jsonl` (a cut-off last line is skipped; see `d3s.runfolder`)."""
+    from d3s.runfolder import read_run_records
+
+    return read_run_records(path)
 
 
 def _series(records: list[dict], key: str, x: str) -> tuple[list[float], list[float]]:

@@ -97,6 +97,13 @@ class RunArgs:
                 raise RecipeError(f"{name}={getattr(self, name)} must be >= 1")
         if self.eval_every < 0 or self.eval_max_new_tokens < 0:
             raise RecipeError(f"eval_every={self.eval_every}, eval_max_new_tokens={self.eval_max_new_tokens} must be >= 0")
+        if self.task == "arith":
+            try:
+                self.task_config()
+            except ValueError as err:
+                raise RecipeError(f"arith task: {err}".replace("min_", "task_min_").replace("max_", "task_max_")
+                                  .replace("operators=", "task_operators=").replace("heldout_seed=", "task_heldout_seed=")
+                                  .replace("train_seed=", "task_train_seed=")) from None
 
     def task_config(self):
         from d3s.tasks import ArithmeticTaskConfig
@@ -171,11 +178,121 @@ def _device_defaults() -> dict[str, Any]:
     return {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}
 
 
+def _field_types() -> dict[str, str]:
+    """Each field's declared type as text, from the class annotations (HfArgumentParser rewrites `field.type`)."""
+    from d3s.integrations.trl import D3SConfig
+
+    out: dict[str, str] = {}
+    for cls in (D3SConfig, RunArgs):
+        for klass in reversed(cls.__mro__):
+            out.update({k: str(v) for k, v in getattr(klass, "__annotations__", {}).items()})
+    return out
+
+
+def _kind(convert) -> str:
+    from transformers.hf_argparser import string_to_bool
+
+    if convert is int:
+        return "an integer"
+    if convert is float:
+        return "a number"
+    if convert is string_to_bool:
+        return "true or false"
+    return "a string"
+
+
+def _coerce_recipe_value(key: str, value: Any, action, type_text: str, where: str) -> Any:
+    """A recipe value converted the way its command-line flag would be, or a RecipeError naming file and field."""
+    from transformers.hf_argparser import string_to_bool
+
+    convert = action.type
+    if value is None or convert is None:
+        return value
+    if isinstance(value, (list, tuple, dict)):
+        if "list" in type_text or "dict" in type_text or action.nargs in ("+", "*"):
+            return value
+        raise RecipeError(f"{where}: field {key!r} is {value!r}; expected {_kind(convert)}, not a list or mapping")
+    try:
+        if convert is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            out = int(value) if not isinstance(value, str) else int(value.strip())
+        elif convert is float:
+            if isinstance(value, bool):
+                raise ValueError
+            out = float(value)
+        elif convert is string_to_bool:
+            out = value if isinstance(value, bool) else string_to_bool(str(value))
+        elif convert is str:
+            if isinstance(value, bool):
+                raise ValueError
+            out = str(value)
+        else:  # a choice (enum) field: argparse checks the choices below
+            out = convert(str(value)) if not isinstance(value, str) else convert(value)
+    except (ValueError, TypeError, Exception) as err:  # noqa: BLE001 - argparse's converters raise many kinds
+        if isinstance(err, RecipeError):
+            raise
+        raise RecipeError(f"{where}: field {key!r} is {value!r}; expected {_kind(convert)}") from None
+    if action.choices is not None and out not in action.choices:
+        choices = ", ".join(str(c) for c in action.choices)
+        raise RecipeError(f"{where}: field {key!r} is {value!r}; valid: {choices}")
+    return out
+
+
+# Trainer settings whose bad values would otherwise fail deep inside TRL or torch (a ZeroDivisionError, a
+# traceback at step 0): `(name, lowest, highest, lowest allowed?)`; None = unbounded.
+_NUMBER_RULES: tuple[tuple[str, float | None, float | None, bool], ...] = (
+    ("num_generations", 2, None, True),
+    ("per_device_train_batch_size", 1, None, True),
+    ("gradient_accumulation_steps", 1, None, True),
+    ("steps_per_generation", 1, None, True),
+    ("num_iterations", 1, None, True),
+    ("max_completion_length", 1, None, True),
+    ("learning_rate", 0.0, None, True),
+    ("weight_decay", 0.0, None, True),
+    ("warmup_ratio", 0.0, 1.0, True),
+    ("max_grad_norm", 0.0, None, True),
+    ("temperature", 0.0, None, False),
+    ("top_p", 0.0, 1.0, False),
+    ("beta", 0.0, None, True),
+    ("epsilon", 0.0, None, True),
+    ("epsilon_high", 0.0, None, True),
+    ("save_steps", 0.0, None, False),
+    ("logging_steps", 0.0, None, False),
+)
+
+
+def _check_numbers(values: dict[str, Any], origin) -> None:
+    import math
+
+    steps = values.get("max_steps")
+    if steps is not None and steps != -1 and steps < 1:
+        raise RecipeError(f"max_steps={steps!r} (from {origin('max_steps')}); valid: an integer >= 1, or -1 to train "
+                          "num_train_epochs epochs")
+    for name, low, high, low_ok in _NUMBER_RULES:
+        value = values.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, float) or math.isfinite(value):
+            bad = value < low if low_ok else value <= low
+            bad = bad or (high is not None and value > high)
+        else:
+            bad = True
+        if bad:
+            lo = f">= {low}" if low_ok else f"> {low}"
+            valid = f"{lo} and <= {high}" if high is not None else lo
+            what = "an integer " if isinstance(value, int) and not isinstance(low, float) else "a finite number "
+            raise RecipeError(f"{name}={value!r} (from {origin(name)}); valid: {what}{valid}")
+
+
 def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = None):
     """`(RunArgs, D3SConfig, recipe dict)` from `[--config RECIPE] [--field value ...]`.
 
-    `defaults` are applied under the recipe (used by `d3s compare` to set output folders).
+    `defaults` are applied under the recipe (used by `d3s compare` to set output folders). Every bad
+    value ends in a `RecipeError` naming the file or flag, the field and what is valid.
     """
+    from d3s.integrations.trl import D3SConfig
+
     argv = list(argv)
     recipe_name = DEFAULT_RECIPE
     if "--config" in argv:
@@ -186,24 +303,46 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
         del argv[i : i + 2]
     recipe = load_recipe(recipe_name)
     recipe.pop("env", None)
+    where = str(recipe_path(recipe_name))
     _check_known(list(recipe), f"recipe {recipe_name!r}")
     flags = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--")]
     _check_known(flags, "the command line")
 
     parser = make_parser()
+
+    def error(message: str):  # argparse's own errors: one line, no usage dump
+        raise RecipeError(f"{message} (on the command line)")
+
+    parser.error = error
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    types = _field_types()
+    recipe = {k: _coerce_recipe_value(k, v, actions[k], types.get(k, ""), where) if k in actions else v
+              for k, v in recipe.items()}
     merged = {**_device_defaults(), **(defaults or {}), **recipe}
     parser.set_defaults(**merged)
     # Lists in YAML (report_to: [tensorboard]) are accepted as they are.
     for action in parser._actions:
         if action.dest in merged and action.required:
             action.required = False
+    namespace, extra = parser.parse_known_args(args=argv)
+    if extra:
+        raise RecipeError(f"unexpected arguments {' '.join(extra)!r} on the command line (fields are --name value)")
+    values = vars(namespace)
+
+    def origin(name: str) -> str:
+        return "the command line" if name in flags else f"recipe {where}" if name in recipe else "the default"
+
     try:
-        run_args, config = parser.parse_args_into_dataclasses(args=argv)
-    except SystemExit:
+        run_args = RunArgs(**{f.name: values[f.name] for f in dataclasses.fields(RunArgs) if f.init})
+        config = D3SConfig(**{f.name: values[f.name] for f in dataclasses.fields(D3SConfig)
+                              if f.init and f.name in values})
+    except RecipeError:
         raise
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, ArithmeticError) as err:
+        _check_numbers(values, origin)  # a named bad number explains a failure deep inside TRL best
         raise RecipeError(str(err).strip().splitlines()[0]) from None
-    return run_args, config, {"name": recipe_name, "path": str(recipe_path(recipe_name)), "values": recipe}
+    _check_numbers(values, origin)
+    return run_args, config, {"name": recipe_name, "path": where, "values": recipe}
 
 
 def set_offline_defaults() -> None:

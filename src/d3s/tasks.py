@@ -94,6 +94,11 @@ def generate_problems(config: ArithmeticTaskConfig, seed: int, size: int) -> lis
     Returns dicts with `question` (the bare reasoning-gym question), `answer` (a number as text)
     and `expression` (e.g. `"4 - 1"`).
     """
+    return list(iter_problems(config, seed, size))
+
+
+def iter_problems(config: ArithmeticTaskConfig, seed: int, size: int):
+    """`generate_problems`, one at a time: reasoning-gym makes each item when it is asked for."""
     try:
         import reasoning_gym
     except ImportError as e:
@@ -103,14 +108,13 @@ def generate_problems(config: ArithmeticTaskConfig, seed: int, size: int) -> lis
     ds = reasoning_gym.create_dataset(
         "basic_arithmetic", seed=seed, size=size, **config.generator_kwargs()
     )
-    return [
-        {
+    for i in range(size):
+        item = ds[i]
+        yield {
             "question": item["question"],
             "answer": str(item["answer"]),
             "expression": item["metadata"]["expression"],
         }
-        for item in ds
-    ]
 
 
 _TOKEN_RE = re.compile(r"\s*(\d+(?:\.\d+)?|[-+*/()])")
@@ -135,19 +139,30 @@ def canonical_key(expression: str) -> str:
 
 
 def _distinct_problems(config: ArithmeticTaskConfig, seed: int, count: int, exclude: set[str]):
-    """First `count` problems of the seed's stream with distinct keys not in `exclude`."""
+    """First `count` problems of the seed's stream with distinct keys not in `exclude`.
+
+    Gives up (ValueError) after `100 * count` draws, or sooner when `max(2000, 20 * seen)` draws in a
+    row bring nothing new: the task space is then (with probability about 1 - e^-20) used up, and
+    drawing on would only take minutes to fail.
+    """
     max_draws = max(1000, 100 * count)
     problems, seen = [], set(exclude)
-    for problem in generate_problems(config, seed, max_draws):
+    stale = draws = 0
+    for problem in iter_problems(config, seed, max_draws):
+        draws += 1
         key = canonical_key(problem["expression"])
         if key in seen:
+            stale += 1
+            if stale >= max(2000, 20 * len(seen)):
+                break
             continue
+        stale = 0
         seen.add(key)
         problems.append(problem)
         if len(problems) == count:
             return problems
     raise ValueError(
-        f"only {len(problems)} distinct problems (of {count} asked) in {max_draws} draws with "
+        f"only {len(problems)} distinct problems (of {count} asked) in {draws} draws with "
         f"seed={seed} for {config.generator_kwargs()}; make the task larger (more digits or "
         "terms) or ask for fewer problems"
     )
@@ -172,7 +187,7 @@ def train_problems(config: ArithmeticTaskConfig, size: int) -> list[dict[str, st
     banned = heldout_keys(config)
     out: list[dict[str, str]] = []
     draws = max(1000, 4 * size)
-    for problem in generate_problems(config, config.train_seed, draws):
+    for problem in iter_problems(config, config.train_seed, draws):
         if canonical_key(problem["expression"]) not in banned:
             out.append(problem)
             if len(out) == size:

@@ -8,10 +8,14 @@ The run is `D3SGRPOTrainer` (d3s.integrations.trl) plus what a person running it
   interval; the base model's score is cached, it is the same for every variant and seed;
 - a progress bar (reward, kept rollouts, tokens in the loss, held-out accuracy, ETA), every step's
   metrics in `metrics.jsonl` and TensorBoard (`report_to`), checkpoints every `save_steps`;
-- Ctrl-C or an exception saves a checkpoint of the last finished step first; `--resume true` continues
-  from the newest checkpoint — TRL restores the step, optimizer and RNG states, and the D3S schedule
-  is a function of the step, so it continues exactly;
-- `summary.json` and PNG plots at the end (`d3s.plots`).
+- the run owns its output folder (`d3s.runfolder`: a lock, no foreign folder touched), writes its
+  checkpoints atomically and its records by atomic replacement;
+- Ctrl-C, SIGTERM or an exception saves a checkpoint of the last finished step (with the RNG
+  states of that step's end, not those of the half-finished next one) and says in one line what is
+  saved; `--resume true` continues from the newest complete checkpoint — TRL restores the step,
+  optimizer and RNG states, and the D3S schedule is a function of the step, so it continues
+  exactly. A resume refuses a recipe that changes training, and a finished run stays finished;
+- `summary.json` (written last: it marks the run finished) and PNG plots at the end (`d3s.plots`).
 
 Wall-clock in the records counts training (generation included) and leaves out the held-out
 evaluations, so that runs with different `eval_every` compare fairly.
@@ -23,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -74,27 +79,94 @@ def math_reward(completions, answer, **_) -> list[float]:
     return [score_math(_completion_text(c), str(a)).value for c, a in zip(completions, answer)]
 
 
-def _load_rows(run: RunArgs) -> list[dict]:
-    from datasets import load_dataset
+def _json_rows(path: Path) -> list[tuple[int, Any]]:
+    """`(line number, value)` of each row of a .jsonl file (or a .json file holding an array, or JSON lines)."""
+    from d3s.recipe import RecipeError
 
-    path = Path(run.dataset).expanduser()
+    raw = path.read_bytes()
     try:
-        if path.is_file():
-            kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(path.suffix)
-            if kind is None:
-                raise ValueError(f"dataset file {path} must be .json, .jsonl or .parquet")
-            ds = load_dataset(kind, data_files=str(path), split="train")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise RecipeError(f"dataset {path} line {line}: not UTF-8 text (byte {raw[err.start]:#04x} at offset "
+                          f"{err.start}); save the file as UTF-8") from None
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise RecipeError(f"dataset {path} line {err.lineno} column {err.colno}: not valid JSON ({err.msg})") \
+                from None
+        return [(0, row) for row in data]
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((number, json.loads(line)))
+        except json.JSONDecodeError as err:
+            raise RecipeError(f"dataset {path} line {number} column {err.colno}: not valid JSON ({err.msg})") from None
+    return rows
+
+
+def _load_rows(run: RunArgs) -> list[dict]:
+    """The `{question, answer}` rows of a task=math dataset; a bad file, row or column is a one-line error
+    naming the file, the line and the column."""
+    from d3s.recipe import RecipeError
+
+    fields = {"question_field": run.question_field, "answer_field": run.answer_field}
+    path = Path(run.dataset).expanduser()
+    if path.suffix in (".json", ".jsonl") or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
+        if path.suffix in (".json", ".jsonl"):
+            numbered = _json_rows(path)
+            where = lambda n, i: f"dataset {path} line {n}" if n else f"dataset {path} item {i}"  # noqa: E731
+        elif path.suffix == ".parquet":
+            from datasets import load_dataset
+
+            try:
+                ds = load_dataset("parquet", data_files=str(path), split="train")
+            except Exception as err:  # noqa: BLE001 - pyarrow raises many kinds for a bad file
+                raise RecipeError(f"dataset {path}: not a readable parquet file ({type(err).__name__})") from None
+            numbered = [(0, row) for row in ds]
+            where = lambda n, i: f"dataset {path} row {i}"  # noqa: E731
         else:
+            raise RecipeError(f"dataset file {path} must be .json, .jsonl or .parquet, not {path.suffix or 'no suffix'!r}")
+    else:
+        from datasets import load_dataset
+
+        try:
             ds = load_dataset(run.dataset, split=run.dataset_split)
-    except (OSError, ConnectionError) as err:
-        raise FileNotFoundError(
-            f"could not load dataset {run.dataset!r} ({type(err).__name__}); without hub access pass a local "
-            ".json/.jsonl/.parquet file"
-        ) from None
-    missing = [f for f in (run.question_field, run.answer_field) if f not in ds.column_names]
-    if missing:
-        raise ValueError(f"dataset {run.dataset!r} has no column {missing[0]!r}; columns: {ds.column_names}")
-    return [{"question": str(r[run.question_field]), "answer": str(r[run.answer_field])} for r in ds]
+        except (OSError, ConnectionError) as err:
+            raise FileNotFoundError(
+                f"could not load dataset {run.dataset!r} ({type(err).__name__}); without hub access pass a local "
+                ".json/.jsonl/.parquet file"
+            ) from None
+        except ValueError as err:  # e.g. an unknown split
+            raise RecipeError(f"dataset {run.dataset!r}: {str(err).splitlines()[0]}") from None
+        missing = [f for f in fields.values() if f not in ds.column_names]
+        if missing:
+            name = next(k for k, v in fields.items() if v == missing[0])
+            raise RecipeError(f"dataset {run.dataset!r} has no column {missing[0]!r} ({name}); columns: "
+                              f"{', '.join(ds.column_names)}")
+        numbered = [(0, row) for row in ds]
+        where = lambda n, i: f"dataset {run.dataset!r} row {i}"  # noqa: E731
+    rows = []
+    for i, (number, row) in enumerate(numbered):
+        if not isinstance(row, dict):
+            raise RecipeError(f"{where(number, i)}: a row is a JSON object, got {type(row).__name__}")
+        values = {}
+        for name, column in fields.items():
+            if column not in row:
+                raise RecipeError(f"{where(number, i)}: no column {column!r} ({name}); the row has "
+                                  f"{', '.join(map(str, row)) or 'no columns'}")
+            value = row[column]
+            if value is None or isinstance(value, (list, dict)) or not str(value).strip():
+                raise RecipeError(f"{where(number, i)}: column {column!r} is {value!r}; expected a non-empty "
+                                  "string or number")
+            values[name] = str(value)
+        rows.append({"question": values["question_field"], "answer": values["answer_field"]})
+    return rows
 
 
 def build_task(run: RunArgs, n_train: int) -> TaskData:
@@ -102,12 +174,21 @@ def build_task(run: RunArgs, n_train: int) -> TaskData:
     if run.task == "arith":
         from d3s.tasks import arith_reward, heldout_problems, score_arith, train_problems
 
+        from d3s.recipe import RecipeError
+
         config = run.task_config()
-        return TaskData("arith", train_problems(config, n_train), heldout_problems(config), config.instruction,
-                        arith_reward, score_arith, {"task": asdict(config)})
+        try:
+            train, heldout = train_problems(config, n_train), heldout_problems(config)
+        except ValueError as err:  # a task space too small for the held-out set
+            raise RecipeError(f"arith task: {err}") from None
+        return TaskData("arith", train, heldout, config.instruction, arith_reward, score_arith,
+                        {"task": asdict(config)})
     rows = _load_rows(run)
     if len(rows) <= run.heldout_size:
-        raise ValueError(f"dataset {run.dataset!r} has {len(rows)} rows, not more than heldout_size={run.heldout_size}")
+        from d3s.recipe import RecipeError
+
+        raise RecipeError(f"dataset {run.dataset!r} has {len(rows)} rows, not more than heldout_size="
+                          f"{run.heldout_size}; lower heldout_size or use a larger dataset")
     heldout, train = rows[-run.heldout_size :], rows[: -run.heldout_size]
 
     def score(completion: str, gold: str) -> float:
@@ -166,20 +247,17 @@ def heldout_accuracy(model, tokenizer, task: TaskData, max_new_tokens: int, batc
 
 
 class RunLog:
-    """Appends one JSON object per line to `metrics.jsonl`; on resume drops records past the checkpoint."""
+    """Appends one JSON object per line to `metrics.jsonl`; on resume keeps the records up to the
+    checkpoint (a cut-off last line is dropped) and rewrites the file atomically."""
 
     def __init__(self, path: Path, resume_step: int | None):
+        from d3s.runfolder import atomic_write_text, read_run_records
+
         self.path = path
         self.records: list[dict] = []
         if resume_step is not None and path.is_file():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    if rec["step"] <= resume_step:
-                        self.records.append(rec)
-            path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
-        else:
-            path.write_text("")
+            self.records = [r for r in read_run_records(path, warn=_say) if r["step"] <= resume_step]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in self.records))
 
     def add(self, record: dict) -> None:
         self.records.append(record)
@@ -188,6 +266,10 @@ class RunLog:
 
     def last(self, kind: str) -> dict | None:
         return next((r for r in reversed(self.records) if r["type"] == kind), None)
+
+
+def _say(message: str) -> None:
+    print(f"d3s train: {message}", file=sys.stderr, flush=True)
 
 
 def _make_callback(run_log: RunLog, evaluate, eval_every: int):
@@ -203,6 +285,8 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             self.trained_tokens = last["trained_tokens"] if last else 0.0
             self.generated_tokens = last["generated_tokens"] if last else 0.0
             self.eval_seconds = 0.0
+            self.t0 = time.perf_counter()
+            self.updating_from: int | None = None
             self.bar = None
             self.last_step = last["step"] if last else 0
             last_eval = run_log.last("eval")
@@ -244,7 +328,11 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             if eval_every and state.global_step % eval_every == 0 and state.global_step < state.max_steps:
                 self.run_eval(state.global_step)
 
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            self.updating_from = state.global_step  # weights, optimizer and scheduler change until the step ends
+
         def on_step_end(self, args, state, control, **kwargs):
+            self.updating_from = None
             if state.is_world_process_zero and self.bar is not None:
                 self.bar.update(state.global_step - self.bar.n)
 
@@ -290,28 +378,296 @@ def _model_key(model_path: str, task_key: dict, max_new_tokens: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any]:
-    """Train, evaluate before/after, write records and plots. Returns the summary dict."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, ProgressCallback
-    from transformers.trainer_utils import get_last_checkpoint
+class RunStopped(Exception):
+    """Training stopped early (Ctrl-C, SIGTERM, an exception); the user has been told what was saved.
+    `code` is the exit status: 130 for SIGINT, 143 for SIGTERM, 1 for an exception."""
 
-    from d3s.integrations.trl import D3SGRPOTrainer
-    from d3s.models import cache_dir, is_missing_local_model, resolve_model
-    from d3s.tasks import prompt_messages
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the run stops the same way."""
+
+
+def _rng_states() -> dict:
+    import random
+
+    import numpy as np
+
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.random.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.random.set_rng_state(states["cpu"])
+    if "cuda" in states:
+        torch.cuda.random.set_rng_state_all(states["cuda"])
+
+
+def _run_trainer_class(base):
+    """`base` (the D3S trainer) with two things a run needs from its checkpoints:
+
+    - atomic saves: a checkpoint is written into `.staging/checkpoint-N` and renamed into place when
+      complete (then old ones are rotated), so a kill during a save leaves no half `checkpoint-N`;
+    - the resume point of the last finished step: the RNG states and the token and FLOP counters right
+      after the step was logged and (maybe) saved, which is what a regular checkpoint of that step
+      holds. A checkpoint written on Ctrl-C restores them first: the half-finished next step has
+      already drawn from the RNGs and counted its tokens.
+    """
+    from transformers.trainer_utils import rotate_checkpoints
+
+    from d3s.runfolder import STAGING_NAME, publish_folder
+
+    class RunTrainer(base):
+        _d3s_staging: str | None = None
+        d3s_resume_point: dict | None = None
+
+        def _get_output_dir(self, trial):
+            return self._d3s_staging if self._d3s_staging is not None else super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            run_dir = Path(super()._get_output_dir(trial))
+            name = f"checkpoint-{self.state.global_step}"
+            staging = run_dir / STAGING_NAME
+            if self.args.should_save:
+                shutil.rmtree(staging / name, ignore_errors=True)
+            self.accelerator.wait_for_everyone()
+            self._d3s_staging = str(staging)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._d3s_staging = None
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                publish_folder(staging / name, run_dir / name)
+                try:
+                    staging.rmdir()
+                except OSError:
+                    pass
+                rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                                   best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+            self.accelerator.wait_for_everyone()
+
+        # The step's grad norm and pre-update learning rate, for its record if a stop comes before it
+        def _get_grad_norm(self, model, grad_norm=None):
+            self.d3s_grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+            return self.d3s_grad_norm
+
+        def _get_learning_rate(self):
+            self.d3s_learning_rate = super()._get_learning_rate()
+            return self.d3s_learning_rate
+
+        def d3s_log_finished_step(self) -> None:
+            """The record `_maybe_log_save_evaluate` would have written for the step that just ended."""
+            since = max(1, self.state.global_step - self._globalstep_last_logged)
+            logs = {"loss": self._tr_loss.item() / since}
+            grad_norm = getattr(self, "d3s_grad_norm", None)
+            if grad_norm is not None:
+                logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else grad_norm
+            lr = getattr(self, "d3s_learning_rate", None)
+            logs["learning_rate"] = lr if lr is not None else self._get_learning_rate()
+            self._globalstep_last_logged = self.state.global_step
+            self.store_flos()
+            self.log(logs)
+
+        def _maybe_log_save_evaluate(self, *args, **kwargs):
+            super()._maybe_log_save_evaluate(*args, **kwargs)
+            self.d3s_resume_point = {
+                "step": self.state.global_step,
+                "rng": _rng_states(),
+                # counters the next step advances before it finishes
+                "num_input_tokens_seen": self.state.num_input_tokens_seen,
+                "total_flos": self.state.total_flos + self.current_flos,
+            }
+
+        def d3s_rewind_to_resume_point(self) -> None:
+            """Back to the state right after the last finished step (see the class docstring)."""
+            point = self.d3s_resume_point
+            _set_rng_states(point["rng"])
+            self.state.num_input_tokens_seen = point["num_input_tokens_seen"]
+            self.state.total_flos, self.current_flos = point["total_flos"], 0
+
+    return RunTrainer
+
+
+class _StopSignals:
+    """While active, SIGTERM stops the run like Ctrl-C (Python's default for SIGTERM is to die at once)."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            def terminated(signum, frame):
+                raise _Terminated()
+
+            self.previous = signal.signal(signal.SIGTERM, terminated)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def _continue_hint(run: RunArgs) -> str:
+    if os.environ.get("D3S_CONTINUE_HINT"):  # d3s compare runs this d3s train; its own command continues it
+        return os.environ["D3S_CONTINUE_HINT"]
+    return "run the same command again" if run.resume else "run the same command plus --resume true"
+
+
+def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: BaseException) -> RunStopped:
+    """After training stopped early: keep the last finished step (its record, a checkpoint with its
+    RNG states), tell the user in one line what is saved and how to continue; the exit status."""
+    from d3s.runfolder import complete_checkpoints
+
+    if isinstance(err, _Terminated):
+        what, code = "terminated (SIGTERM)", 143
+    elif isinstance(err, KeyboardInterrupt):
+        what, code = "interrupted", 130
+    else:
+        import traceback
+
+        traceback.print_exception(err)
+        what, code = f"stopped by {type(err).__name__}", 1
+    if callback.bar is not None:
+        callback.bar.close()
+    step = trainer.state.global_step
+    note = ""
+    if callback.updating_from is not None and callback.updating_from == step:
+        note = f" inside the weight update of step {step + 1}, which cannot be saved;"
+    elif step > 0 and not (out / f"checkpoint-{step}").is_dir():
+        point = trainer.d3s_resume_point
+        try:
+            if point is not None and point["step"] == step:
+                trainer.d3s_rewind_to_resume_point()
+            else:  # stopped between the step's end and its record: write the record first
+                last = run_log.last("train")
+                if last is None or last["step"] < step:
+                    trainer.d3s_log_finished_step()
+            trainer._save_checkpoint(trainer.model, trial=None)
+        except BaseException as save_err:  # a second Ctrl-C, a full disk: the older checkpoints are intact
+            note = f" saving checkpoint-{step} failed ({type(save_err).__name__});"
+    good, _ = complete_checkpoints(out)
+    if good:
+        where = (f"{good[0].name} holds step {good[0].name.split('-')[-1]}; to continue, {_continue_hint(run)}")
+    else:
+        where = "no step was saved; " + os.environ.get("D3S_CONTINUE_HINT", "run the same command again") + \
+            " to start over"
+    _say(f"{what} after step {step};{note} {where}")
+    return RunStopped(code)
+
+
+def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any]:
+    """Train, evaluate before/after, write records and plots. Returns the summary dict.
+
+    The run owns `config.output_dir` while it lives (`d3s.runfolder`); raises `RecipeError` for a
+    folder or recipe it cannot use, `RunStopped` after an early stop (reported to the user)."""
+    from d3s.runfolder import claim_folder
 
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint = get_last_checkpoint(str(out)) if run.resume and out.is_dir() else None
-    if run.resume and checkpoint is None:
-        print(f"d3s train: no checkpoint in {out}; starting from the beginning", file=sys.stderr)
-    if not run.resume and (out / "metrics.jsonl").is_file() and get_last_checkpoint(str(out)):
-        raise FileExistsError(f"{out} already holds a run; pass --resume true to continue it, or another --output_dir")
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    lock = claim_folder(out) if main_process else None
+    try:
+        return _run_in_folder(run, config, recipe, out, main_process)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _resume_point(run: RunArgs, config, out: Path, main_process: bool, notes: list[str]):
+    """`(checkpoint or None, finished summary or None)`; refuses what cannot continue this folder.
+    What the user should know about the choice is appended to `notes`."""
+    from d3s.runfolder import STAGING_NAME, RunFolderError, complete_checkpoints
+
+    if main_process:  # leftovers of a run killed while saving; this run holds the folder's lock
+        shutil.rmtree(out / STAGING_NAME, ignore_errors=True)
+        for tmp in out.glob(".*.tmp-*"):
+            tmp.unlink(missing_ok=True)
+    summary_file = out / "summary.json"
+    good, bad = complete_checkpoints(out)
+    if not run.resume:
+        if summary_file.is_file() or good or bad:
+            state = "a finished run" if summary_file.is_file() else "a run with checkpoints"
+            raise RunFolderError(f"output_dir {str(out)!r} already holds {state}; pass --resume true to continue it, "
+                                 "or pick another --output_dir")
+        return None, None
+    if summary_file.is_file():
+        try:
+            summary = json.loads(summary_file.read_text())
+        except (OSError, ValueError):
+            summary = None
+        if isinstance(summary, dict):
+            _say(f"{out} is a finished run ({summary.get('steps')} steps, summary.json); nothing to do")
+            return None, summary
+    for name, problem in bad:
+        if not good or int(name.split("-")[-1]) > int(good[0].name.split("-")[-1]):
+            notes.append(f"skipping {name}: {problem}")
+    if good:
+        notes.append(f"resuming from {good[0].name}")
+        return good[0], None
+    notes.append(f"no complete checkpoint in {out}; starting from the beginning")
+    return None, None
+
+
+def _check_same_training(out: Path, now: dict) -> None:
+    """On resume: refuse a recipe that changes training; name the free changes."""
+    from d3s.runfolder import RunFolderError, training_changes
+
+    path = out / "run_config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise RunFolderError(f"{path} cannot be read ({type(err).__name__}), so the resumed recipe cannot be checked "
+                             "against the run's; restore it or start a new run in another --output_dir") from None
+    changed, free = training_changes(saved, now)
+    if changed:
+        raise RunFolderError(
+            f"--resume true with a recipe that changes training ({'; '.join(changed)}); resume with the run's own "
+            f"recipe (in {path}) or start a new run in another --output_dir. Free to change: eval_every, plots, "
+            "logging, saving and hub settings"
+        )
+    if free:
+        _say(f"resuming with changed settings that do not change training: {'; '.join(free)}")
+
+
+def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool) -> dict[str, Any]:
+    from d3s.runfolder import atomic_write_text
 
     device = "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
     bf16 = run.precision == "bf16" or (run.precision == "auto" and _bf16_fast(device))
     config.bf16, config.fp16 = bf16, False
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
+
+    notes: list[str] = []
+    checkpoint, finished = _resume_point(run, config, out, main_process, notes)
+    if finished is not None:
+        return finished
+    run_config = {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe}
+    if checkpoint is not None:
+        _check_same_training(out, run_config)
+    for note in notes:
+        _say(note)
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, ProgressCallback
+
+    from d3s.integrations.trl import D3SGRPOTrainer
+    from d3s.models import cache_dir, is_missing_local_model, resolve_model
+    from d3s.tasks import prompt_messages
 
     if is_missing_local_model(run.model):
         raise FileNotFoundError(f"model folder {run.model!r} does not exist")
@@ -328,22 +684,24 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
                                  for p in task.train])
     max_new = run.eval_max_new_tokens or config.max_completion_length
 
-    resume_step = int(Path(checkpoint).name.split("-")[-1]) if checkpoint else None
+    resume_step = int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None
     run_log = RunLog(out / "metrics.jsonl", resume_step)
-    (out / "run_config.json").write_text(json.dumps(
-        {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe, "model_path": model_path}, indent=2,
-        default=str))
+    if main_process:
+        atomic_write_text(out / "run_config.json", json.dumps({**run_config, "model_path": model_path}, indent=2,
+                                                              default=str))
 
     evaluate = lambda: heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size)  # noqa: E731
     callback = _make_callback(run_log, evaluate, run.eval_every)
-    trainer = D3SGRPOTrainer(model=model, reward_funcs=[task.reward], args=config, train_dataset=dataset,
-                             processing_class=tokenizer, callbacks=[callback])
+    trainer = _run_trainer_class(D3SGRPOTrainer)(model=model, reward_funcs=[task.reward], args=config,
+                                                 train_dataset=dataset, processing_class=tokenizer,
+                                                 callbacks=[callback])
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
 
-    print(f"d3s train: {config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
-          f"{config.max_steps} steps x {prompts_per_step} prompts x {config.num_generations} rollouts, "
-          f"{'bf16 autocast' if bf16 else 'fp32'} on {device}; output in {out}", file=sys.stderr)
+    steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
+    _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
+         f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
+         f"{'bf16 autocast' if bf16 else 'fp32'} on {device}; output in {out}")
 
     before = None
     if resume_step is None:
@@ -352,33 +710,26 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
         if cached.is_file():
             before = json.loads(cached.read_text())
         else:
-            print(f"d3s train: held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...",
-                  file=sys.stderr, flush=True)
+            _say(f"held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...")
             before = evaluate()
             cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(json.dumps(before))
+            atomic_write_text(cached, json.dumps(before))
         run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
                      **{k: v for k, v in before.items() if k != "examples"}})
         callback.last_acc = before["accuracy"]
     else:
-        first = next((r for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
-        before = first
+        before = next((r for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
 
-    try:
-        trainer.train(resume_from_checkpoint=checkpoint)
-    except BaseException as err:  # Ctrl-C, a crash: keep the last finished step, then stop
-        step = trainer.state.global_step
-        last = run_log.last("train")
-        if step > 0 and (last is None or last["step"] < step):
-            trainer.log({})  # the finished step's metrics, not yet logged: keep its record
-        if step > 0 and not (out / f"checkpoint-{step}").exists():
-            trainer._save_checkpoint(trainer.model, trial=None)
-        if callback.bar is not None:
-            callback.bar.close()
-        what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped by {type(err).__name__}"
-        print(f"\nd3s train: {what} after step {step}; checkpoint saved in {out}. Continue with the same command "
-              "plus --resume true", file=sys.stderr)
-        raise
+    if resume_step is not None and 0 < config.max_steps <= resume_step:
+        # Every step was trained and saved; the run stopped before its final evaluation.
+        trainer._load_from_checkpoint(str(checkpoint))
+        trainer.state.global_step = resume_step
+    else:
+        try:
+            with _StopSignals():
+                trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        except BaseException as err:  # Ctrl-C, SIGTERM, a crash: keep the last finished step, then stop
+            raise _stop(trainer, callback, run_log, out, run, err) from err
 
     if not (out / f"checkpoint-{trainer.state.global_step}").exists():
         trainer._save_checkpoint(trainer.model, trial=None)
@@ -398,16 +749,17 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
         "generated_tokens": last_train.get("generated_tokens"),
         "examples_after": after.get("examples", []),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    if run.plots:
+    if run.plots and main_process:
         from d3s.plots import plot_run
 
         plot_run(out / "metrics.jsonl", out / "training.png", title=f"{summary['variant']} (seed {config.seed})")
+    if main_process:  # last: summary.json marks the run finished
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     b, a = summary["before"], summary["after"]
     if b:
-        print(f"d3s train: held-out accuracy {b['accuracy']:.1%} [{b['ci_low']:.1%}, {b['ci_high']:.1%}] -> "
-              f"{a['accuracy']:.1%} [{a['ci_low']:.1%}, {a['ci_high']:.1%}] ({a['n']} problems, greedy); "
-              f"training {summary['train_wall_s'] / 60:.1f} min", file=sys.stderr)
+        _say(f"held-out accuracy {b['accuracy']:.1%} [{b['ci_low']:.1%}, {b['ci_high']:.1%}] -> "
+             f"{a['accuracy']:.1%} [{a['ci_low']:.1%}, {a['ci_high']:.1%}] ({a['n']} problems, greedy); "
+             f"training {(summary['train_wall_s'] or 0.0) / 60:.1f} min")
     return summary
 
 
@@ -429,6 +781,8 @@ def cmd_train(argv) -> int:
     run, config, recipe = parse_train_args(argv)
     try:
         run_train(run, config, recipe)
-    except (FileNotFoundError, FileExistsError) as err:  # a missing model/dataset, a run already there
+    except RunStopped as stop:  # already reported in one line
+        return stop.code
+    except (FileNotFoundError, FileExistsError) as err:  # a missing model/dataset
         raise RecipeError(str(err)) from None
     return 0

@@ -263,6 +263,16 @@ def row_to_problem(spec: BenchmarkSpec, row: dict[str, Any], index: int, where: 
 def read_records(path: Path) -> list[dict[str, Any]]:
     """Rows of one JSON (list of records, {key: records} or {column: values}), JSONL or parquet."""
     suffix = path.suffix.lower()
+    if suffix in (".json", ".jsonl"):
+        raw = path.read_bytes()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw[: e.start].count(b"\n") + 1
+            raise BenchmarkError(
+                f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
+                "save the file as UTF-8"
+            ) from None
     if suffix == ".jsonl":
         rows = []
         with path.open(encoding="utf-8") as f:
@@ -272,13 +282,17 @@ def read_records(path: Path) -> list[dict[str, Any]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise BenchmarkError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+                    raise BenchmarkError(
+                        f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})"
+                    ) from None
         return rows
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
-            raise BenchmarkError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+            raise BenchmarkError(
+                f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})"
+            ) from None
         if isinstance(data, list):
             return data
         if isinstance(data, dict):
@@ -295,7 +309,10 @@ def read_records(path: Path) -> list[dict[str, Any]]:
             import pyarrow.parquet as pq
         except ImportError as e:
             raise ImportError("reading parquet needs pyarrow: pip install pyarrow") from e
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for a broken file
+            raise BenchmarkError(f"{path}: not a readable parquet file ({type(e).__name__})") from None
     else:
         raise BenchmarkError(
             f"{path}: unsupported file type {suffix!r}; use one of {', '.join(_LOCAL_EXTENSIONS)}"
@@ -426,10 +443,10 @@ def load_benchmark(
         path: an explicit file or folder for this benchmark (wins over `data_dir`).
     """
     spec = BENCHMARKS[resolve_name(name)]
+    if path is not None:  # an explicit file wins, for arith too (rows with `question`, `answer`)
+        return load_local(spec, Path(path))
     if spec.name == "arith":
         return load_arith()
-    if path is not None:
-        return load_local(spec, Path(path))
     if data_dir is not None:
         data_dir = Path(data_dir)
         if not data_dir.is_dir():

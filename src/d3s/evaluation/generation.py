@@ -105,6 +105,8 @@ class TransformersSampler:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.batch_size = batch_size
         self.add_special_tokens = True
+        self.context_length: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        """Most tokens (prompt + completion) the model handles; None when its config does not say."""
 
     def sample(self, prompts: list[str], settings: SamplingSettings, seed: int) -> list[list[str]]:
         import torch
@@ -150,6 +152,10 @@ class VLLMSampler:
         self.llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization)
         self.tokenizer = self.llm.get_tokenizer()
         self.add_special_tokens = True
+        try:
+            self.context_length: int | None = self.llm.llm_engine.model_config.max_model_len
+        except AttributeError:  # pragma: no cover - another vLLM layout
+            self.context_length = None
 
     def sample(self, prompts: list[str], settings: SamplingSettings, seed: int) -> list[list[str]]:
         from vllm import SamplingParams

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from d3s import tasks
 
+from .benchmarks import UsageError
+
 ChatMode = Literal["auto", "on", "off"]
 
 BOXED_TEMPLATE = (
@@ -30,7 +32,7 @@ def default_template(benchmark: str) -> str:
 def fill_template(template: str, question: str) -> str:
     """The user message for one question."""
     if "{question}" not in template:
-        raise ValueError(f"prompt template {template!r:.80} has no {{question}} placeholder")
+        raise UsageError(f"prompt template {template!r:.80} has no {{question}} placeholder")
     return template.replace("{question}", question)
 
 
@@ -44,12 +46,14 @@ def uses_chat(tokenizer: Any, chat: ChatMode) -> bool:
         return has_chat_template(tokenizer)
     elif chat == "on":
         if not has_chat_template(tokenizer):
-            raise ValueError("--chat on, but the model's tokenizer has no chat template")
+            raise UsageError(
+                "--chat on, but the model's tokenizer has no chat template; use --chat off or auto"
+            )
         return True
     elif chat == "off":
         return False
     else:
-        raise ValueError(f"chat={chat!r}; valid: auto, on, off")
+        raise UsageError(f"chat={chat!r}; valid: auto, on, off")
 
 
 def render_prompt(

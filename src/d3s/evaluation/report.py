@@ -32,11 +32,41 @@ def load_results(path: str | Path) -> dict[str, Any]:
         raise BenchmarkError(f"results file {path} does not exist")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise BenchmarkError(f"{path}: not UTF-8 text, not a d3s eval results file") from None
     except json.JSONDecodeError as e:
-        raise BenchmarkError(f"{path}: not valid JSON ({e.msg})") from e
+        raise BenchmarkError(
+            f"{path}:{e.lineno}: not valid JSON ({e.msg}; a partly written file?)"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
         raise BenchmarkError(f"{path}: not a d3s eval results file (format {RESULTS_FORMAT})")
+    problem = results_problem(data)
+    if problem:
+        raise BenchmarkError(f"{path}: incomplete d3s eval results file ({problem}); rerun its d3s eval")
     return data
+
+
+def results_problem(data: dict[str, Any]) -> str | None:
+    """What is missing or inconsistent in a results dict (one phrase), or None."""
+    benchmarks = data.get("benchmarks")
+    if not isinstance(benchmarks, dict) or not benchmarks:
+        return "no 'benchmarks'"
+    if not isinstance(data.get("ks"), list) or not data["ks"]:
+        return "no 'ks'"
+    for name, bench in benchmarks.items():
+        if not isinstance(bench, dict):
+            return f"benchmark {name!r} is not a mapping"
+        n, counts = bench.get("n"), bench.get("n_correct")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            return f"benchmark {name!r} has n={n!r}; expected an integer >= 1"
+        if not isinstance(counts, list) or not counts:
+            return f"benchmark {name!r} has no 'n_correct' counts"
+        if bench.get("num_problems", len(counts)) != len(counts):
+            return f"benchmark {name!r} has {len(counts)} counts for {bench.get('num_problems')} problems"
+        bad = [c for c in counts if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= n]
+        if bad:
+            return f"benchmark {name!r} has correct counts {bad[:3]} outside 0..n={n}"
+    return None
 
 
 def _ordered(names: Sequence[str]) -> list[str]:

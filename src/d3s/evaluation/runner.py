@@ -310,30 +310,60 @@ def score_problem(
     }
 
 
+def _prompt(config: EvalConfig, sampler: Sampler, name: str, problem: Problem) -> str:
+    template = config.prompt_template or default_template(name)
+    return render_prompt(
+        sampler.tokenizer, fill_template(template, problem.question), config.chat, config.system_prompt
+    )
+
+
+def check_context(config: EvalConfig, sampler: Sampler, todo: dict[str, list[Problem]]) -> None:
+    """Refuse, before any sampling, a prompt whose tokens plus `max_new_tokens` exceed the model's
+    context (`sampler.context_length`, when the sampler knows it): generating past it gives garbage."""
+    limit = getattr(sampler, "context_length", None)
+    if not limit:
+        return
+    for name, pending in todo.items():
+        if not pending:
+            continue
+        prompts = [_prompt(config, sampler, name, p) for p in pending]
+        ids = sampler.tokenizer(prompts, add_special_tokens=sampler.add_special_tokens)["input_ids"]
+        longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+        length = len(ids[longest])
+        if length + config.max_new_tokens > limit:
+            room = limit - length
+            fix = f"--max-new-tokens {room} or less" if room > 0 else "a shorter --prompt-template"
+            raise UsageError(
+                f"{name} problem {pending[longest].problem_id}: the prompt is {length} tokens and "
+                f"--max-new-tokens {config.max_new_tokens} more would pass the model's context of "
+                f"{limit} tokens; use {fix} (or --limit / another benchmark)"
+            )
+
+
 def _sample_and_score(
     config: EvalConfig,
-    todo: dict[str, list[Problem]],
+    problems: dict[str, list[Problem]],
     sampler: Sampler,
     pool: Executor | None,
     cache: SampleCache,
     bar: Any,
     step: int,
 ) -> None:
-    """Sample `step` problems per call, score them, append each finished problem to the cache."""
-    for name, pending in todo.items():
-        template = config.prompt_template or default_template(name)
-        for start in range(0, len(pending), step):
-            chunk = pending[start : start + step]
+    """Sample `step` problems per call, score them, append each finished problem to the cache.
+
+    The calls are a fixed partition of each benchmark's full problem list, seeded by their first
+    problem: a resumed run makes exactly the calls an uninterrupted one makes. A call whose problems
+    are all cached is skipped; one cut short (some cached) is sampled again in full, so that every
+    completion comes from the same call, seed and batch as without the interruption.
+    """
+    for name, every in problems.items():
+        for start in range(0, len(every), step):
+            chunk = every[start : start + step]
+            missing = [cache.get(p) is None for p in chunk]
+            if not any(missing):
+                continue
             bar.set_postfix_str(name)
-            prompts = [
-                render_prompt(
-                    sampler.tokenizer,
-                    fill_template(template, p.question),
-                    config.chat,
-                    config.system_prompt,
-                )
-                for p in chunk
-            ]
+            prompts = [_prompt(config, sampler, name, p) for p in chunk]
             seed = _call_seed(config.seed, chunk[0])
             outputs = sampler.sample(prompts, config.sampling(), seed)
             if len(outputs) != len(chunk) or any(len(o) != config.n for o in outputs):
@@ -341,9 +371,10 @@ def _sample_and_score(
                     f"sampler returned {[len(o) for o in outputs]} completions for "
                     f"{len(chunk)} prompts x n={config.n}"
                 )
-            for problem, completions in zip(chunk, outputs):
-                cache.put(score_problem(problem, completions, config, pool))
-            bar.update(len(chunk))
+            for problem, completions, todo in zip(chunk, outputs, missing):
+                if todo:
+                    cache.put(score_problem(problem, completions, config, pool))
+            bar.update(sum(missing))
 
 
 def run_eval(
@@ -380,11 +411,12 @@ def run_eval(
         bar = tqdm(total=total, initial=total - remaining, unit="problem", disable=not progress,
                    desc="d3s eval")
         step = problems_per_call(config.n, config.batch_size)
+        check_context(config, sampler, todo)
         pool = None
         if config.score_workers > 1:  # spawn: workers never inherit the model or torch threads
             pool = ProcessPoolExecutor(config.score_workers, mp_context=get_context("spawn"))
         try:
-            _sample_and_score(config, todo, sampler, pool, cache, bar, step)
+            _sample_and_score(config, problems, sampler, pool, cache, bar, step)
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)

@@ -1,0 +1,322 @@
+"""The output folder of a `d3s train` run: ownership, atomic writes, complete checkpoints, resume checks.
+
+What a run guarantees about its folder (docs/reliability.md says how each is tested):
+
+- it owns it: a run writes only into a new or empty folder, or into a folder that holds a d3s run
+  (a `.d3s-run.lock` or `run_config.json` in it). Any other non-empty folder is refused before a
+  file in it is touched. While the run lives it holds an exclusive `flock` on `.d3s-run.lock`, so
+  a second run into the same folder is refused; the OS drops the lock when the process dies, so a
+  crashed or killed run never leaves it stuck.
+- its records are replaced atomically (`atomic_write_text`: a temporary file, fsync, rename).
+- a checkpoint is written into `.staging/checkpoint-N` and renamed into place once complete, so a
+  kill during a save leaves no half `checkpoint-N` (see `d3s.train`), and `complete_checkpoints`
+  checks every file a resume needs before it is used, newest first.
+- a resume refuses a recipe that changes training (`training_changes`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from d3s.recipe import RecipeError
+
+LOCK_NAME = ".d3s-run.lock"
+STAGING_NAME = ".staging"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+_IGNORED_ENTRIES = {".DS_Store"}  # a file manager's, not the user's
+
+
+class RunFolderError(RecipeError):
+    """The output folder cannot be used as asked; the message is one line for the user."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Ownership
+# ---------------------------------------------------------------------------------------------
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether `path` holds a d3s run (its lock file, or the `run_config.json` every run writes first)."""
+    return (path / LOCK_NAME).is_file() or (path / "run_config.json").is_file()
+
+
+class RunLock:
+    """An exclusive `flock` on `<folder>/.d3s-run.lock`, held until `release()` or the process dies."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
+def claim_folder(out: Path) -> RunLock:
+    """Take `out` for a run: refuse a file, an unwritable folder, a non-empty folder that is not a d3s run,
+    and a folder another live run holds. Creates `out` when missing. Nothing in a refused folder is touched."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RunFolderError(f"output_dir {str(out)!r} is a file; give a folder (new, empty, or a d3s run's)")
+    if out.is_dir():
+        try:
+            entries = sorted(p.name for p in out.iterdir() if p.name not in _IGNORED_ENTRIES)
+        except OSError as err:
+            raise RunFolderError(f"output_dir {str(out)!r} cannot be read ({err.strerror})") from None
+        if entries and not is_run_folder(out):
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise RunFolderError(
+                f"output_dir {str(out)!r} is not empty ({len(entries)} entries: {shown}) and holds no d3s run; "
+                "d3s train writes only into a new or empty folder or its own run's: pick another --output_dir"
+            )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({err.strerror})") from None
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no flock; the folder checks above still apply
+        return RunLock(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        os.close(fd)
+        raise RunFolderError(
+            f"output_dir {str(out)!r} is in use by another d3s train ({holder}); wait for it to end or pick "
+            "another --output_dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return RunLock(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic files
+# ---------------------------------------------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms that cannot open a folder
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` by `text` so that a reader (or a kill) sees the old file or the new one, never a part."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def publish_folder(staged: Path, final: Path) -> None:
+    """Move a completely written folder `staged` to `final` (same file system) in one rename.
+
+    An existing `final` is moved aside first and deleted after, so `final` is at every moment either
+    the old complete folder, absent, or the new complete one.
+    """
+    for f in staged.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as handle:
+                os.fsync(handle.fileno())
+    old = None
+    if final.exists():
+        old = staged.parent / f"{final.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(staged, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def checkpoint_step(path: Path) -> int | None:
+    m = _CHECKPOINT_RE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is unusable (missing, truncated, bad header), or None."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{path.name} is truncated ({size} bytes)"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"{path.name} is truncated (header of {n} bytes, file of {size})"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as err:
+        return f"{path.name} has an unreadable header ({type(err).__name__})"
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        return f"{path.name} is truncated ({size} bytes, its header describes {8 + n + end})"
+    return None
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    """Why a `torch.save` file (a zip archive) is unusable, or None; reads only its directory."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    try:
+        with zipfile.ZipFile(path) as z:
+            z.infolist()
+    except (OSError, zipfile.BadZipFile):
+        return f"{path.name} is truncated or not a torch file"
+    return None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint folder `path` cannot be resumed from (one short phrase), or None when complete:
+    trainer state naming its step, model weights whose sizes match their headers, optimizer, scheduler
+    and RNG state files whose archives are intact."""
+    path = Path(path)
+    state_file = path / "trainer_state.json"
+    if not state_file.is_file():
+        return "trainer_state.json is missing"
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "trainer_state.json is not valid JSON"
+    if not isinstance(state, dict) or state.get("global_step") != checkpoint_step(path):
+        return f"trainer_state.json says step {state.get('global_step') if isinstance(state, dict) else None}"
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return "model.safetensors.index.json is not valid"
+    else:
+        shards = ["model.safetensors"]
+    for shard in shards:
+        problem = _safetensors_problem(path / shard)
+        if problem:
+            return problem
+    for name in ("optimizer.pt", "scheduler.pt"):
+        problem = _torch_file_problem(path / name)
+        if problem:
+            return problem
+    rng = sorted(path.glob("rng_state*.pth"))
+    if not rng:
+        return "rng_state.pth is missing"
+    for f in rng:
+        problem = _torch_file_problem(f)
+        if problem:
+            return problem
+    return None
+
+
+def complete_checkpoints(out: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """The complete `checkpoint-N` folders of `out`, newest first, and `(name, problem)` of the others."""
+    found = sorted((p for p in Path(out).glob("checkpoint-*") if p.is_dir() and checkpoint_step(p) is not None),
+                   key=checkpoint_step, reverse=True)
+    good, bad = [], []
+    for p in found:
+        problem = checkpoint_problem(p)
+        if problem is None:
+            good.append(p)
+        else:
+            bad.append((p.name, problem))
+    return good, bad
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume: which recipe changes may continue a run
+# ---------------------------------------------------------------------------------------------
+
+# Fields that do not change what is trained: where and how often things are logged, saved, shown or
+# evaluated on the held-out set. Everything else must match the run being resumed.
+FREE_RUN_FIELDS = frozenset({"resume", "plots", "eval_every", "eval_batch_size"})
+FREE_TRAINER_FIELDS = frozenset({
+    "output_dir", "logging_dir", "logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter",
+    "log_level", "log_level_replica", "log_on_each_node", "log_completions", "num_completions_to_print",
+    "wandb_log_unique_prompts", "log_unique_prompts", "report_to", "run_name", "project", "trackio_space_id",
+    "disable_tqdm", "save_steps", "save_strategy", "save_total_limit", "save_on_each_node", "save_safetensors",
+    "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
+    "hub_revision", "resume_from_checkpoint", "overwrite_output_dir", "dataloader_num_workers",
+    "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+    "eval_strategy", "eval_steps", "eval_delay", "per_device_eval_batch_size", "eval_accumulation_steps",
+    "eval_on_start", "skip_memory_metrics", "include_num_input_tokens_seen", "include_tokens_per_second",
+    "batch_eval_metrics", "bf16_full_eval", "fp16_full_eval", "do_eval", "eval_do_concat_batches",
+    "eval_use_gather_object", "num_generations_eval", "log_completions_hub_repo", "log_multimodal",
+})
+
+
+def _normal(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
+    """Compare two `run_config.json` contents: `(changes that alter training, free changes)`, each as
+    `field: old -> new`. Fields missing on one side are compared against None."""
+    changed, free = [], []
+    for section, allowed in (("run", FREE_RUN_FIELDS), ("trainer", FREE_TRAINER_FIELDS)):
+        a, b = saved.get(section) or {}, now.get(section) or {}
+        for name in sorted(set(a) | set(b)):
+            if name.startswith("_"):
+                continue
+            old, new = _normal(a.get(name)), _normal(b.get(name))
+            if old != new:
+                (free if name in allowed else changed).append(f"{name}: {old!r} -> {new!r}")
+    return changed, free
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
+
+
+def read_run_records(path: Path, *, warn=None) -> list[dict]:
+    """The records of a `metrics.jsonl`. A cut-off LAST line (a kill during its write) is dropped, with a
+    note through `warn(message)`; any other line that is not a record is an error naming file and line."""
+    path = Path(path)
+    try:
+        lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    except OSError as err:
+        raise RunFolderError(f"{path} cannot be read ({err.strerror})") from None
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec.get("type") in ("train", "eval")):
+            if not any(rest.strip() for rest in lines[i:]):
+                if warn is not None:
+                    warn(f"{path} line {i} is cut off (a write was interrupted); that record is dropped")
+                break
+            raise RunFolderError(f"{path} line {i} is not a d3s record (JSON with 'type' and 'step'); "
+                                 "remove or repair that line")
+        records.append(rec)
+    return records
