@@ -234,5 +234,5 @@ def test_select_rollouts_rejects_bad_input():
         d3s.select_rollouts(a, r, 4, 2, "global")
     with pytest.raises(ValueError, match="num_generations=5"):
         d3s.select_rollouts(a, r, 5, 2, "intra")
-    with pytest.raises(ValueError, match="n=0"):
+    with pytest.raises(ValueError, match="n_keep=0"):
         d3s.select_rollouts(a, r, 4, 0, "intra")

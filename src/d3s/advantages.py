@@ -22,6 +22,8 @@ from typing import Literal
 
 import torch
 
+from d3s import _checks
+
 ScaleRewards = Literal["group", "batch", "none"]
 
 
@@ -54,8 +56,9 @@ def group_advantages(
     """Group-relative advantages of B groups of G = `num_generations` rollouts (paper eq. 2).
 
     Args:
-        rewards: `(B*G,)` rewards, group-major (rows `g*G .. g*G+G-1` are one prompt's group).
-            NaN marks a rollout that could not be scored.
+        rewards: `(B*G,)` real rewards (bool, integer or float), group-major (rows `g*G .. g*G+G-1`
+            are one prompt's group). NaN marks a rollout that could not be scored: it is tolerated
+            on purpose and gets advantage 0; +-inf is an error.
         num_generations: G, the group size.
         scale_rewards: `"group"` (divide by the group's std), `"batch"` (by the whole batch's std)
             or `"none"` (centre only).
@@ -63,18 +66,25 @@ def group_advantages(
 
     Returns:
         `(B*G,)` float advantages; 0 for NaN rewards and for groups whose valid rewards are equal.
+
+    Raises:
+        ValueError: naming the argument, for a non-tensor or non-1-D `rewards`, an infinite reward,
+            a `num_generations` that is not an integer >= 1 dividing B*G, a bad `scale_rewards`, or
+            an `eps` that is not a finite number >= 0.
     """
+    _checks.tensor("rewards", rewards)
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D (B*G,), got shape {tuple(rewards.shape)}")
-    if num_generations < 1 or rewards.numel() % num_generations != 0:
+    num_generations = _checks.as_int("num_generations", num_generations, low=1)
+    if rewards.numel() % num_generations != 0:
         raise ValueError(
             f"num_generations={num_generations} must be >= 1 and divide the number of rewards "
             f"({rewards.numel()})"
         )
     if scale_rewards not in ("group", "batch", "none"):
         raise ValueError(f"scale_rewards={scale_rewards!r}; valid: 'group', 'batch', 'none'")
-    if eps < 0:
-        raise ValueError(f"eps={eps} must be >= 0")
+    eps = _checks.as_float("eps", eps, low=0.0)
+    _checks.no_inf("rewards", rewards, "NaN marks an unscorable rollout")
 
     rewards = rewards.float() if not rewards.is_floating_point() else rewards
     grouped = rewards.view(-1, num_generations)  # (B, G)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from d3s import _checks
+
 
 def token_entropy(logits: torch.Tensor, chunk_size: int = 1024, temperature: float = 1.0) -> torch.Tensor:
     """Entropy of softmax(logits / temperature) at every position.
@@ -22,12 +24,20 @@ def token_entropy(logits: torch.Tensor, chunk_size: int = 1024, temperature: flo
         temperature: the sampling temperature; the entropy is that of the sampling distribution.
 
     Returns:
-        `(...)` float32 entropies in nats. Differentiable; `.detach()` it for a mask.
+        `(...)` float32 entropies in nats. Differentiable; `.detach()` it for a mask. `-inf` logits
+        (a masked vocabulary) are handled; a NaN logit gives a NaN entropy at its position (passed
+        on, not hidden: checking would synchronise the device on every call).
+
+    Raises:
+        ValueError: naming the argument, for `logits` that are not a float tensor with a non-empty
+            last axis, a `chunk_size` that is not an integer >= 1, or a `temperature` that is not a
+            finite number > 0.
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be > 0")
+    _checks.tensor("logits", logits, kind="float")
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"logits must be (..., V) with V >= 1, got shape {tuple(logits.shape)}")
+    chunk_size = _checks.as_int("chunk_size", chunk_size, low=1)
+    temperature = _checks.as_float("temperature", temperature, low=0.0, low_open=True)
     lead = logits.shape[:-1]
     flat = logits.reshape(-1, logits.shape[-1])  # (P, V)
     out = []

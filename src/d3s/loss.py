@@ -25,6 +25,8 @@ from typing import Literal
 
 import torch
 
+from d3s import _checks
+
 ImportanceSamplingLevel = Literal["token", "sequence_token"]
 Normalizer = Literal["selected", "all"]
 Aggregation = Literal["token", "sequence"]
@@ -73,24 +75,56 @@ def policy_loss(
             the token ratio for `"token"` and the sequence ratio s_i (gradient through all its tokens,
             as TRL's sequence level) for `"sequence_token"`.
 
+    Value checks: shapes, dtypes and the plain numbers are checked (a ValueError names the
+    argument). The VALUES of the tensors are not (that would synchronise the device every step):
+    a NaN or inf log-probability or advantage gives a non-finite loss, which TRL reports; a
+    `completion_mask` holding other values than 0/1 weights the tokens by them.
+
     Returns:
         `(loss, metrics)`: a scalar loss and a dict of detached scalar tensors — `clip_ratio/low_mean`,
         `clip_ratio/high_mean`, `clip_ratio/region_mean` (over used tokens), `kl` (mean over used
         tokens, when beta != 0), `tokens_used`, `tokens_valid`.
     """
+    _checks.tensor("per_token_logps", per_token_logps, kind="float")
+    _checks.tensor("completion_mask", completion_mask)
     if per_token_logps.dim() != 2 or per_token_logps.shape != completion_mask.shape:
         raise ValueError(
             f"per_token_logps {tuple(per_token_logps.shape)} and completion_mask "
             f"{tuple(completion_mask.shape)} must both be (S, T)"
         )
+    S, T = per_token_logps.shape
+    for name, value in (("old_per_token_logps", old_per_token_logps), ("ref_per_token_logps", ref_per_token_logps)):
+        if value is not None:
+            _checks.tensor(name, value, kind="float")
+            if value.shape != per_token_logps.shape:
+                raise ValueError(f"{name} {tuple(value.shape)} must match per_token_logps {(S, T)}")
+    _checks.tensor("advantages", advantages)
+    if advantages.shape not in ((S,), (S, 1), (S, T)):
+        raise ValueError(f"advantages {tuple(advantages.shape)} must be (S,), (S, 1) or (S, T) with S={S}, T={T}")
+    if token_mask is not None:
+        _checks.tensor("token_mask", token_mask)
+        if token_mask.shape != completion_mask.shape:
+            raise ValueError(f"token_mask {tuple(token_mask.shape)} must match completion_mask {(S, T)}")
+    if importance_sampling_ratio is not None:
+        _checks.tensor("importance_sampling_ratio", importance_sampling_ratio)
+        if importance_sampling_ratio.shape not in ((S, T), (S, 1)):
+            raise ValueError(
+                f"importance_sampling_ratio {tuple(importance_sampling_ratio.shape)} must be (S, T) or (S, 1) "
+                f"with S={S}, T={T}"
+            )
     if normalizer not in ("selected", "all"):
         raise ValueError(f"normalizer={normalizer!r}; valid: 'selected', 'all'")
     if aggregation not in ("token", "sequence"):
         raise ValueError(f"aggregation={aggregation!r}; valid: 'token', 'sequence'")
-    if epsilon_low < 0 or epsilon_high < 0:
-        raise ValueError(f"epsilon_low={epsilon_low}, epsilon_high={epsilon_high} must be >= 0")
+    epsilon_low = _checks.as_float("epsilon_low", epsilon_low, low=0.0)
+    epsilon_high = _checks.as_float("epsilon_high", epsilon_high, low=0.0)
+    beta = _checks.as_float("beta", beta, low=0.0)
     if beta != 0.0 and ref_per_token_logps is None:
         raise ValueError(f"beta={beta} needs ref_per_token_logps")
+    if denominator is not None and not isinstance(denominator, torch.Tensor):
+        denominator = _checks.as_float("denominator", denominator, low=0.0, low_open=True)
+    elif denominator is not None and denominator.numel() != 1:
+        raise ValueError(f"denominator must be a scalar, got a tensor of shape {tuple(denominator.shape)}")
 
     valid = completion_mask.to(per_token_logps.dtype)  # (S, T)
     used = valid if token_mask is None else valid * token_mask.to(valid.dtype)  # (S, T)

@@ -15,22 +15,28 @@ import math
 
 import torch
 
+from d3s import _checks
 
-def _check_counts(n: int, c: int) -> None:
+
+def _check_counts(n, c) -> tuple[int, int]:
+    """Integer counts (Python, NumPy or 0-d torch; a float such as 2.7 is an error, never truncated)."""
+    n = _checks.as_int("n", n)
     if n < 1:
         raise ValueError(f"n={n} must be >= 1 (samples per problem)")
+    c = _checks.as_int("c", c)
     if not 0 <= c <= n:
         raise ValueError(f"c={c} must be in [0, n={n}] (correct samples)")
+    return n, c
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from `n` samples with `c` correct: 1 - C(n-c, k) / C(n, k).
 
     Raises:
-        ValueError: unless 1 <= k <= n and 0 <= c <= n.
+        ValueError: unless n, c, k are integers with 1 <= k <= n and 0 <= c <= n.
     """
-    n, c, k = int(n), int(c), int(k)
-    _check_counts(n, c)
+    n, c = _check_counts(n, c)
+    k = _checks.as_int("k", k)
     if not 1 <= k <= n:
         raise ValueError(f"k={k} must be in [1, n={n}]")
     if n - c < k:  # every k-subset holds a correct sample
@@ -41,9 +47,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def avg_at_n(c: int, n: int) -> float:
-    """Avg@n: mean accuracy over the n samples of one problem, c / n."""
-    n, c = int(n), int(c)
-    _check_counts(n, c)
+    """Avg@n: mean accuracy over the n samples of one problem, c / n (integer counts, 0 <= c <= n)."""
+    n, c = _check_counts(n, c)
     return c / n
 
 
@@ -59,7 +64,15 @@ def sample_usefulness_rate(
 
     Returns:
         Scalar tensor in [0, 1]; groups with no kept rollout are not counted (0 if none is kept).
+        A NaN advantage counts as non-zero (useful), as `!=` has it.
     """
+    _checks.tensor("advantages", advantages, dims=(1,))
+    _checks.tensor("kept", kept, dims=(1,), kind="bool")
+    if kept.shape != advantages.shape:
+        raise ValueError(f"kept {tuple(kept.shape)} and advantages {tuple(advantages.shape)} must both be (B*G,)")
+    num_generations = _checks.as_int("num_generations", num_generations, low=1)
+    if advantages.numel() % num_generations:
+        raise ValueError(f"num_generations={num_generations} must divide the batch size {advantages.numel()}")
     adv = advantages.view(-1, num_generations)  # (B, G)
     k = kept.view(-1, num_generations)  # (B, G)
     trained = k.any(dim=1)  # (B,)
@@ -68,7 +81,11 @@ def sample_usefulness_rate(
 
 
 def population_variance(values: torch.Tensor) -> torch.Tensor:
-    """Population variance (divide by m) — the quantity sample selection maximises (eq. 6)."""
+    """Population variance (divide by m) of all entries — the quantity sample selection maximises (eq. 6).
+
+    0 for an empty tensor; NaN if any value is NaN (propagated, not hidden).
+    """
+    _checks.tensor("values", values)
     if values.numel() == 0:
         return values.new_zeros((), dtype=torch.float32)
     return values.float().var(correction=0)

@@ -24,6 +24,7 @@ from typing import Literal
 
 import torch
 
+from d3s import _checks
 from d3s.advantages import ScaleRewards, group_advantages
 
 SampleSelection = Literal["none", "intra", "cross", "pods"]
@@ -32,18 +33,9 @@ SampleSelection = Literal["none", "intra", "cross", "pods"]
 _TIE_ULPS = 8
 
 
-def _check_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        try:
-            as_int = int(n)
-        except (TypeError, ValueError):
-            raise ValueError(f"n={n!r} must be an integer >= 1") from None
-        if as_int != n:
-            raise ValueError(f"n={n!r} must be an integer >= 1")
-        n = as_int
-    if n < 1:
-        raise ValueError(f"n={n} must be >= 1 (the number of values to keep)")
-    return n
+def _check_n(n: int, name: str = "n") -> int:
+    """A count of values to keep: an integer >= 1 (Python, NumPy or 0-d torch; not a float, not a bool)."""
+    return _checks.as_int(name, n, low=1)
 
 
 def max_variance_mask(values: torch.Tensor, n: int) -> torch.Tensor:
@@ -57,6 +49,7 @@ def max_variance_mask(values: torch.Tensor, n: int) -> torch.Tensor:
         bool `(R, m)`, exactly `min(n, m)` True per row.
     """
     n = _check_n(n)
+    _checks.tensor("values", values)
     if values.dim() != 2:
         raise ValueError(f"values must be 2-D (R, m), got shape {tuple(values.shape)}")
     if not torch.isfinite(values).all():
@@ -108,6 +101,7 @@ def max_variance_subset(values: torch.Tensor, n: int) -> torch.Tensor:
     Raises:
         ValueError: if `n < 1`, or `values` is not 1-D or holds NaN/inf.
     """
+    _checks.tensor("values", values)
     if values.dim() != 1:
         raise ValueError(f"values must be 1-D (m,), got shape {tuple(values.shape)}")
     return max_variance_mask(values.unsqueeze(0), n).squeeze(0).nonzero().squeeze(1)
@@ -162,7 +156,7 @@ def select_rollouts(
         rewards: `(B*G,)` rewards; NaN marks an unscorable rollout, which is never kept.
         num_generations: G.
         n_keep: N, rollouts to keep per group; `cross` keeps `N * B` over the whole batch.
-        mode: `none` keeps every scorable rollout; `intra` keeps the max-advantage-variance N of each
+        mode: `none` keeps every scorable rollout (NaN rewards are tolerated: those rollouts are dropped); `intra` keeps the max-advantage-variance N of each
             group (D1S, D3S-I); `cross` keeps the max-advantage-variance N*B of the batch, groups may
             keep any number including 0 (D1S-C, D2S, D3S); `pods` keeps the max-REWARD-variance N of
             each group and re-normalises the advantages within the kept N (Xu et al., 2025).
@@ -170,17 +164,32 @@ def select_rollouts(
 
     Returns:
         A `RolloutSelection`.
+
+    Raises:
+        ValueError: naming the argument, for tensors that are not both `(B*G,)`, an infinite reward,
+            a non-finite advantage of a scorable rollout, counts that are not integers >= 1
+            (`num_generations` must divide B*G), a bad `mode`, or an `eps` that is not finite >= 0.
     """
+    _checks.tensor("advantages", advantages)
+    _checks.tensor("rewards", rewards)
     if advantages.shape != rewards.shape or advantages.dim() != 1:
         raise ValueError(
             f"advantages {tuple(advantages.shape)} and rewards {tuple(rewards.shape)} must both be (B*G,)"
         )
     total = advantages.numel()
-    if num_generations < 1 or total % num_generations != 0:
+    num_generations = _checks.as_int("num_generations", num_generations, low=1)
+    if total % num_generations != 0:
         raise ValueError(f"num_generations={num_generations} must divide the batch size {total}")
-    n_keep = _check_n(n_keep)
+    n_keep = _check_n(n_keep, "n_keep")
+    if mode not in ("none", "intra", "cross", "pods"):
+        raise ValueError(f"mode={mode!r}; valid: 'none', 'intra', 'cross', 'pods'")
+    eps = _checks.as_float("eps", eps, low=0.0)
     B, G = total // num_generations, num_generations
-    valid = ~torch.isnan(rewards)  # (B*G,)
+    valid = ~torch.isnan(rewards) if rewards.is_floating_point() else torch.ones_like(rewards, dtype=torch.bool)
+    _checks.no_inf("rewards", rewards, "NaN marks an unscorable rollout, never kept")
+    if mode != "pods" and advantages.is_floating_point() and not torch.isfinite(advantages[valid]).all():
+        bad = advantages[valid][~torch.isfinite(advantages[valid])][0].item()
+        raise ValueError(f"advantages must be finite for every scorable rollout (non-NaN reward), found {bad}")
 
     if mode == "none":
         mask = valid.clone()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+from d3s import _checks
+
 
 def linear_schedule(
     progress: float,
@@ -38,26 +40,26 @@ def linear_schedule(
         k_init, k_final: token fractions in (0, 1] at p = 0 and p = 1.
         num_generations: G; N stays in [2, G].
         multiple_of: optional granularity of N (see module docstring).
+        Numbers may be Python, NumPy or 0-d torch scalars; counts must be integers, not floats.
 
     Returns:
         `(n_keep, fraction)`; exactly `(n_init, k_init)` at p = 0 and `(n_final, k_final)` at p = 1
         (for `multiple_of` = 1).
+
+    Raises:
+        ValueError: naming the argument, for p outside [0, 1] or NaN, G < 2, an N that is not an
+            integer in [2, G], a K outside (0, 1], or `multiple_of` < 1.
     """
-    if not (isinstance(progress, (int, float)) and 0.0 <= progress <= 1.0):
-        raise ValueError(f"progress={progress!r} must be in [0, 1] (step / total_steps)")
-    if num_generations < 2:
-        raise ValueError(f"num_generations={num_generations} must be >= 2")
-    for name, value in (("n_init", n_init), ("n_final", n_final)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= num_generations:
-            raise ValueError(
-                f"{name}={value!r} must be an integer in [2, num_generations={num_generations}] "
-                "(one rollout has no variance)"
-            )
-    for name, value in (("k_init", k_init), ("k_final", k_final)):
-        if not 0.0 < value <= 1.0:
-            raise ValueError(f"{name}={value} must be in (0, 1]")
-    if multiple_of < 1:
-        raise ValueError(f"multiple_of={multiple_of} must be >= 1")
+    try:
+        progress = _checks.as_float("progress", progress, low=0.0, high=1.0)
+    except ValueError:
+        raise ValueError(f"progress={progress!r} must be in [0, 1] (step / total_steps)") from None
+    num_generations = _checks.as_int("num_generations", num_generations, low=2)
+    n_init, n_final = (_checks.as_int(name, value, low=2, high=num_generations)
+                       for name, value in (("n_init", n_init), ("n_final", n_final)))
+    k_init, k_final = (_checks.as_float(name, value, low=0.0, high=1.0, low_open=True)
+                       for name, value in (("k_init", k_init), ("k_final", k_final)))
+    multiple_of = _checks.as_int("multiple_of", multiple_of, low=1)
 
     p = float(progress)
     n = math.floor((1.0 - p) * n_init + p * n_final + 0.5)
