@@ -1,4 +1,4 @@
-"""Group-relative advantages (paper eq. 2, METHOD section 1).
+"""Group-relative advantages (paper eq. 2, docs/method.md section 1).
 
     A_i = (R_i - mean_group(R)) / (std_group(R) + eps)
 

@@ -1,4 +1,4 @@
-"""Per-token entropy of the policy's full next-token distribution (METHOD section 3).
+"""Per-token entropy of the policy's full next-token distribution (docs/method.md section 3).
 
     H = -sum_v p_v log p_v = logsumexp(z) - sum_v softmax(z)_v * z_v
 

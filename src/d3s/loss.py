@@ -1,4 +1,4 @@
-"""The clipped policy objective restricted to the kept tokens (paper eqs. 1, 3, 10; METHOD section 5).
+"""The clipped policy objective restricted to the kept tokens (paper eqs. 1, 3, 10; docs/method.md section 5).
 
 Per token, with advantage A_i and importance ratio r_i,t:
 
@@ -14,7 +14,7 @@ Two ratios:
   only reweight whole sequences). Unmasked, it has the gradient of TRL's sequence-level GSPO.
 
 Only the tokens in `completion_mask & token_mask` (the "used" tokens) enter the loss and the KL.
-The normaliser is explicit (METHOD section 3): `"selected"` divides by the used tokens (eq. 10's
+The normaliser is explicit (docs/method.md section 3): `"selected"` divides by the used tokens (eq. 10's
 1/|T|), `"all"` by every valid token (TRL's `top_entropy_quantile` convention, a K-times smaller
 step at fraction K).
 """

@@ -1,4 +1,4 @@
-"""Evaluation estimators (METHOD section 8) and training diagnostics (METHOD section 7).
+"""Evaluation estimators (docs/method.md section 8) and training diagnostics (section 7).
 
 pass@k, unbiased (Chen et al. 2021, the human-eval estimator): with n samples of which c are
 correct,

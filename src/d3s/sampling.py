@@ -1,6 +1,6 @@
 """Sample-level down-sampling: keep the rollouts whose advantages carry the most signal.
 
-Paper section 3.1 (eqs. 6-7), METHOD section 2. From m candidate advantages keep the n whose
+Paper section 3.1 (eqs. 6-7), docs/method.md section 2. From m candidate advantages keep the n whose
 (population) variance is largest. The advantages are NOT re-normalised afterwards — that is what
 separates D3S from PODS (Xu et al., 2504.13818), which selects on rewards and re-normalises.
 
@@ -149,7 +149,7 @@ def select_rollouts(
     scale_rewards: ScaleRewards = "group",
     eps: float = 1e-4,
 ) -> RolloutSelection:
-    """Choose the rollouts to train on (paper sec. 3.1; METHOD section 2).
+    """Choose the rollouts to train on (paper sec. 3.1; docs/method.md section 2).
 
     Args:
         advantages: `(B*G,)` group-relative advantages over the full groups (`group_advantages`).

@@ -1,6 +1,7 @@
-"""The dynamic down-sampling schedule (paper sec. 3.3, eq. 9; METHOD section 4).
+"""The dynamic down-sampling schedule (paper sec. 3.3, eq. 9; docs/method.md section 4).
 
-With training progress p = step / total_steps in [0, 1]:
+With training progress p in [0, 1] — 0 at the first update, 1 at the last: p = j / (J - 1) for the
+j-th of J updates (counted from 0), p = 0 for a one-update run:
 
     N(p) = (1 - p) * N_init + p * N_final     rollouts kept per group
     K(p) = (1 - p) * K_init + p * K_final     fraction of tokens kept
@@ -34,7 +35,7 @@ def linear_schedule(
     """(N(p), K(p)) of paper eq. 9 at `progress` p in [0, 1].
 
     Args:
-        progress: p = step / total_steps.
+        progress: p = j / (J - 1) for the j-th of J updates (from 0); 0 when J = 1.
         n_init, n_final: rollouts kept per group at p = 0 and p = 1 (any order; n_final < n_init
             gives a schedule that tightens instead of relaxing).
         k_init, k_final: token fractions in (0, 1] at p = 0 and p = 1.
@@ -53,7 +54,7 @@ def linear_schedule(
     try:
         progress = _checks.as_float("progress", progress, low=0.0, high=1.0)
     except ValueError:
-        raise ValueError(f"progress={progress!r} must be in [0, 1] (step / total_steps)") from None
+        raise ValueError(f"progress={progress!r} must be in [0, 1] (update index / (updates - 1))") from None
     num_generations = _checks.as_int("num_generations", num_generations, low=2)
     n_init, n_final = (_checks.as_int(name, value, low=2, high=num_generations)
                        for name, value in (("n_init", n_init), ("n_final", n_final)))

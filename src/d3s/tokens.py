@@ -1,6 +1,6 @@
 """Token-level down-sampling: keep the tokens where |advantage| x entropy is highest.
 
-Paper section 3.2 (eq. 8), METHOD section 3. Over the valid completion tokens of the KEPT rollouts,
+Paper section 3.2 (eq. 8), docs/method.md section 3. Over the valid completion tokens of the KEPT rollouts,
 score s_i,t = |A_i,t| * H_i,t and keep the top ceil(K * n_valid) — one threshold over the whole
 generation batch, never a padding token, at least one token when any is valid.
 

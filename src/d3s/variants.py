@@ -1,4 +1,4 @@
-"""The named variants of the paper (sec. 4.1, appendix D; METHOD section 6) as validated settings.
+"""The named variants of the paper (sec. 4.1, appendix D; docs/method.md section 6) as validated settings.
 
 | name   | sample level | token level | schedule | objective |
 |--------|--------------|-------------|----------|-----------|

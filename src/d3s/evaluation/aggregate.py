@@ -1,4 +1,4 @@
-"""pass@k and Avg@n over problems and benchmarks (paper sec. 4.1, METHOD section 8).
+"""pass@k and Avg@n over problems and benchmarks (paper sec. 4.1, docs/method.md section 8).
 
 Per benchmark: pass@k is the mean over problems of the unbiased per-problem estimator
 `d3s.metrics.pass_at_k(n, c, k)`; Avg@n the mean over problems of c / n. The "Average" column of

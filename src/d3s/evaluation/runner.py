@@ -1,4 +1,4 @@
-"""`d3s eval`: sample, score, cache, aggregate (paper sec. 4.1; METHOD section 8).
+"""`d3s eval`: sample, score, cache, aggregate (paper sec. 4.1; docs/method.md section 8).
 
 I/O glue around the pure parts (`aggregate`, `scoring`, `benchmarks.extract_gold`). Output
 folder layout:
