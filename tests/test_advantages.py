@@ -87,3 +87,12 @@ def test_bad_input():
         d3s.group_advantages(torch.rand(8), 4, scale_rewards="sequence")
     with pytest.raises(ValueError, match=r"\(B\*G,\)"):
         d3s.group_advantages(torch.rand(2, 4), 4)
+
+
+def test_equal_rewards_differ_from_trls_residue_by_design():
+    """Sixteen rewards of 0.1: TRL's float arithmetic leaves a residue (mean != 0.1), ours is exactly 0."""
+    nanstd = pytest.importorskip("trl.trainer.utils").nanstd
+    rewards = torch.full((16,), 0.1)
+    trl_style = (rewards - torch.nanmean(rewards)) / (nanstd(rewards) + 1e-4)
+    assert trl_style.abs().max() > 0  # the residue the docstring names
+    assert torch.equal(d3s.group_advantages(rewards, 16), torch.zeros(16))

@@ -3,7 +3,8 @@
     A_i = (R_i - mean_group(R)) / (std_group(R) + eps)
 
 computed over the FULL group of G rollouts, before any down-sampling. The conventions are TRL's
-(`GRPOTrainer._generate_and_score_completions`), so that "D3S switched off" is TRL's GRPO exactly:
+(`GRPOTrainer._generate_and_score_completions`) and so are the values, with one deliberate
+exception below (groups of equal rewards):
 
 - std is the Bessel-corrected (sample) standard deviation, the one `torch.std` returns;
 - eps = 1e-4 is added to the std, not to the variance;
@@ -11,7 +12,10 @@ computed over the FULL group of G rollouts, before any down-sampling. The conven
 - `scale_rewards="none"` only centres (Dr. GRPO).
 
 Degenerate cases are decided here, once:
-- a group whose valid rewards are all equal gets advantage exactly 0 (never NaN, never 1e-12 noise);
+- a group whose valid rewards are all equal gets advantage exactly 0 (never NaN, never rounding
+  noise). TRL's arithmetic can leave a residue there (a group of sixteen rewards 0.1 gives 7.45e-5 in
+  float32, since their float mean is not exactly 0.1); this function does not, so such a group is
+  never counted as useful nor preferred by the selection;
 - a NaN reward (a reward function that returned None) is left out of its group's mean and std and
   gets advantage 0; a group with a single valid reward has undefined std and gets advantage 0.
 """
@@ -30,7 +34,8 @@ ScaleRewards = Literal["group", "batch", "none"]
 def _nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
     """Bessel-corrected std ignoring NaNs; NaN where fewer than two values are valid.
 
-    Same arithmetic as TRL's `trl.trainer.utils.nanstd`, so the advantages match bit for bit.
+    Same arithmetic as TRL's `trl.trainer.utils.nanstd` (the advantages equal TRL's except in groups of
+    equal rewards, see the module docstring).
     """
     if dim is None:
         mean = torch.nanmean(x)
