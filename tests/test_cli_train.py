@@ -122,6 +122,20 @@ def test_bad_recipe_gives_one_line_error(tmp_path, capsys, content, extra, messa
     assert re.search(message, err[0]), err[0]
 
 
+def test_a_setting_only_the_trainer_checks_is_one_line(tmp_path, capsys):
+    assert train(tmp_path / "run", "--report_to", "5") == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if line.strip() and not line.startswith(("Writing model shards", "Loading weights"))]  # the tiny model
+    assert len(err) == 1 and err[0].startswith("d3s train: error: the trainer refused the recipe: 5 is not"), err
+
+
+def test_compare_refuses_a_train_field_it_sets(tmp_path, capsys):
+    # `--variant` is not an abbreviation of `--variants`: it is refused, nothing runs
+    assert cli.main(["compare", "--config", "smoke", "--variant", "grpo", "--output_dir", str(tmp_path / "c")]) == 2
+    assert "--variant is set by d3s compare for each run; remove it" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
 def test_missing_model_folder_and_unknown_recipe(tmp_path, capsys):
     assert cli.main(["train", "--config", "smoke", "--model", "./no/such/model", "--output_dir", str(tmp_path)]) == 2
     assert "model folder './no/such/model' does not exist" in capsys.readouterr().err

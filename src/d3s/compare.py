@@ -159,6 +159,7 @@ def cmd_compare(argv: Sequence[str]) -> int:
 
     p = argparse.ArgumentParser(
         prog="d3s compare",
+        allow_abbrev=False,  # `--variant grpo` is a d3s train field (refused below), not `--variants`
         description="Train several variants with several seeds on the same task and generation budget; "
         "write overlaid curves and a summary table. Other options are d3s train fields (see d3s train --help).",
     )

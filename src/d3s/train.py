@@ -692,9 +692,14 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
 
     evaluate = lambda: heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size)  # noqa: E731
     callback = _make_callback(run_log, evaluate, run.eval_every)
-    trainer = _run_trainer_class(D3SGRPOTrainer)(model=model, reward_funcs=[task.reward], args=config,
-                                                 train_dataset=dataset, processing_class=tokenizer,
-                                                 callbacks=[callback])
+    try:
+        trainer = _run_trainer_class(D3SGRPOTrainer)(model=model, reward_funcs=[task.reward], args=config,
+                                                     train_dataset=dataset, processing_class=tokenizer,
+                                                     callbacks=[callback])
+    except ValueError as err:  # a setting TRL or transformers checks only here (e.g. report_to: an unknown logger)
+        from d3s.recipe import RecipeError
+
+        raise RecipeError(f"the trainer refused the recipe: {str(err).strip().splitlines()[0]}") from None
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
 
