@@ -194,6 +194,25 @@ def stopping_at_step_end(monkeypatch, step: int):
     monkeypatch.setattr(train_mod, "_make_callback", interrupting)
 
 
+def stopping_in_eval(monkeypatch, step: int):
+    """Ctrl-C inside the held-out evaluation of step `step` (after its record, before its checkpoint)."""
+    make = train_mod._make_callback
+
+    def interrupting(*args, **kwargs):
+        cb = make(*args, **kwargs)
+        run_eval = cb.run_eval
+
+        def stop_there(at):
+            if at == step:
+                raise KeyboardInterrupt
+            return run_eval(at)
+
+        cb.run_eval = stop_there
+        return cb
+
+    monkeypatch.setattr(train_mod, "_make_callback", interrupting)
+
+
 STOPS = {
     "sigint": (lambda: os.kill(os.getpid(), signal.SIGINT), 130, "interrupted after step 3"),
     "sigterm": (lambda: os.kill(os.getpid(), signal.SIGTERM), 143, "terminated (SIGTERM) after step 3"),
@@ -206,23 +225,28 @@ STOPS = {
     pytest.param("sigterm", marks=pytest.mark.slow),
     pytest.param("exception", marks=pytest.mark.slow),
     pytest.param("step_end", marks=pytest.mark.slow),
+    pytest.param("in_eval", marks=pytest.mark.slow),
 ])
 def test_stop_during_a_step_then_resume_is_exact(full_run, tmp_path, monkeypatch, capsys, how):
-    stop, code, message = STOPS[how] if how != "step_end" else (None, 130, "interrupted after step 3")
+    stop, code, message = STOPS.get(how, (None, 130, "interrupted after step 3"))
     cut = tmp_path / "cut"
     with monkeypatch.context() as mp:
         if how == "step_end":
             stopping_at_step_end(mp, 3)
+        elif how == "in_eval":  # step 3 is not an evaluation step: the cut is at the one of step 2
+            message = "interrupted after step 2"
+            stopping_in_eval(mp, 2)
         else:
             stopping_at(mp, 4, stop)  # during step 4; step 3 is not a regular checkpoint (save_steps 2)
         assert train(cut) == code
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"d3s train: {message}; checkpoint-3 holds step 3; to continue, run the same command plus "
-                       "--resume true"), err[-1]
+    last = 2 if how == "in_eval" else 3
+    assert err[-1] == (f"d3s train: {message}; checkpoint-{last} holds step {last}; to continue, run the same "
+                       "command plus --resume true"), err[-1]
     assert not any("rerun the same command" in line for line in err)  # one message, not two that disagree
-    assert [p.name for p in complete_checkpoints(cut)[0]] == ["checkpoint-3", "checkpoint-2"]
+    assert [p.name for p in complete_checkpoints(cut)[0]] == [f"checkpoint-{s}" for s in range(last, 1, -1)]
     assert train(cut, "--resume", "true") == 0
-    assert "resuming from checkpoint-3" in capsys.readouterr().err
+    assert f"resuming from checkpoint-{last}" in capsys.readouterr().err
     assert_same_run(cut, full_run)
 
 

@@ -271,6 +271,10 @@ FREE_TRAINER_FIELDS = frozenset({
 })
 
 
+# How a run was started, not what it trains: never reported as a change.
+_IGNORED_FIELDS = frozenset({"resume", "resume_from_checkpoint"})
+
+
 def _normal(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
@@ -282,7 +286,7 @@ def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     for section, allowed in (("run", FREE_RUN_FIELDS), ("trainer", FREE_TRAINER_FIELDS)):
         a, b = saved.get(section) or {}, now.get(section) or {}
         for name in sorted(set(a) | set(b)):
-            if name.startswith("_"):
+            if name.startswith("_") or name in _IGNORED_FIELDS:
                 continue
             old, new = _normal(a.get(name)), _normal(b.get(name))
             if old != new:

@@ -300,6 +300,12 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             if state.is_world_process_zero:
                 self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="d3s train", dynamic_ncols=True,
                                 file=sys.stderr)
+            # Resumed at a step whose held-out evaluation was cut off by the stop: the checkpoint holds
+            # the weights it evaluates, so run it now (greedy decoding draws no random numbers).
+            step = state.global_step
+            if eval_every and step and step % eval_every == 0 and step < state.max_steps and not any(
+                    r["type"] == "eval" and r["step"] == step for r in run_log.records):
+                self.run_eval(step)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs or "loss" not in logs and "reward" not in logs:
