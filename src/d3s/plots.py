@@ -18,8 +18,8 @@ _PANELS = [
     ("d3s/token_consumption_ratio", "token consumption ratio", "step"),
     ("d3s/sample_usefulness_rate", "sample usefulness rate", "step"),
     ("grad_norm", "policy gradient norm", "step"),
-    ("entropy", "policy entropy", "step"),
-    ("kl", "KL to reference", "step"),
+    ("entropy", "policy entropy (all generated tokens)", "step"),
+    ("kl", "KL to reference (beta = 0: to the initial policy)", "step"),
     ("d3s/advantage_variance", "advantage variance (kept)", "step"),
     ("d3s/n_keep", "N(p), K(p)", "step"),
 ]
@@ -79,7 +79,7 @@ def _draw(ax, runs: list[tuple[str, list[dict], dict]], key: str, title: str, x:
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
     if not drawn:
-        note = "not logged (beta = 0: no reference model)" if key == "kl" else "not logged"
+        note = "not logged (kl_log_every = 0)" if key == "kl" else "not logged"
         ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, fontsize=8, color="gray")
 
 
