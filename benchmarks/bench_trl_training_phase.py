@@ -29,7 +29,8 @@ Peak memory: the process's resident-set high-water mark during the run, above th
 start (Linux: VmHWM reset through /proc/self/clear_refs; freed heap returned with malloc_trim first).
 
 The settings run in turn, `--rounds` times; the first step of every run is a warm-up and is dropped,
-the median of the others is reported. Prints a table and writes a JSON record under --out.
+the mean of the others is reported (with `num_iterations=2` use an odd `--steps`, so the measured
+steps hold whole generations: a step with the generation's passes and one without). Prints a table and writes a JSON record under --out.
 """
 
 from __future__ import annotations
@@ -309,8 +310,8 @@ def main() -> None:
     results = []
     for name, *_ in settings:
         steps = [s for r in runs[name] for s in r["per_step"]]
-        med = {k: statistics.median(s[k] for s in steps) for k in PHASES}
-        med["train_phase"] = statistics.median(sum(s[k] for k in PHASES) for s in steps)
+        med = {k: statistics.mean(s[k] for s in steps) for k in PHASES}
+        med["train_phase"] = statistics.mean(sum(s[k] for k in PHASES) for s in steps)
         peaks = [r["peak_extra_mb"] for r in runs[name] if r["peak_extra_mb"] is not None]
         results.append({**runs[name][-1], "seconds": med, "per_step": steps,
                         "peak_extra_mb": statistics.median(peaks) if peaks else None})
