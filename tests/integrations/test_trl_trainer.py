@@ -55,6 +55,10 @@ def test_without_selection_matches_trl(tmp_path, loss_type, extra):
     trl_run = run_training(GRPOTrainer, GRPOConfig, tmp_path / "trl", **common)
     d3s_run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "d3s", variant="grpo", **common)
     assert_same_training(trl_run, d3s_run)
+    # D3S off IS TRL's computation: bit for bit, not only within a tolerance
+    assert torch.equal(flat_params(trl_run.model), flat_params(d3s_run.model))
+    for ga, gb in zip(trl_run.grad_recorder.grads, d3s_run.grad_recorder.grads):
+        assert torch.equal(ga, gb)
     if "beta" in extra:
         assert all(h["kl"] >= 0 for h in step_logs(d3s_run)) and step_logs(d3s_run)[-1]["kl"] > 0
         assert [h["kl"] for h in step_logs(d3s_run)] == pytest.approx([h["kl"] for h in step_logs(trl_run)])
