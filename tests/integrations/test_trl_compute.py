@@ -161,7 +161,11 @@ class CheckingTrainer(D3SGRPOTrainer):
 def _run_case(tmp_path, variant, loss_type, level, beta, iterations, spg):
     config = dict(variant=variant, loss_type=loss_type, importance_sampling_level=level, beta=beta,
                   num_iterations=iterations, steps_per_generation=spg, per_device_train_batch_size=16 // spg,
-                  gradient_accumulation_steps=spg, max_steps=3, kl_log_every=0)
+                  gradient_accumulation_steps=spg, max_steps=3, kl_log_every=0,
+                  # small steps: at the helper's default 0.5, beta > 0 with two updates per batch drives the
+                  # tiny model's log-probs so far from the reference that the KL overflows (loss ~1e18, or inf
+                  # at unkept positions in the full computation), and the comparison means nothing
+                  learning_rate=0.05)
     if variant == "d2s":
         config.update(k_init=0.3)  # a constant K that keeps several tokens per row
 
