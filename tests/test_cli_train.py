@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("trl")
 
 from d3s import cli  # noqa: E402
-from d3s.recipe import RECIPES_DIR, RecipeError, parse_train_args  # noqa: E402
+from d3s.app.recipe import RECIPES_DIR, RecipeError, parse_train_args  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from d3s.train import wilson_interval
+from d3s.app.evaluation.heldout import wilson_interval
 
 
 def _csv(text: str) -> list[str]:
@@ -37,7 +37,7 @@ def run_dir(root: Path, variant: str, seed: int) -> Path:
 
 def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str]) -> Path:
     """Run (or resume, or reuse) one `d3s train` in a child process; returns its folder."""
-    from d3s.recipe import RecipeError
+    from d3s.app.recipe import RecipeError
 
     out = run_dir(root, variant, seed)
     if (out / "summary.json").is_file():
@@ -61,7 +61,7 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str]) -> P
 
 def claim_root(root: Path) -> None:
     """Refuse a non-empty `root` that is not a comparison's (its files, or a run folder of one)."""
-    from d3s.runfolder import RunFolderError, is_run_folder
+    from d3s.app.runfolder import RunFolderError, is_run_folder
 
     if root.exists() and not root.is_dir():
         raise RunFolderError(f"--output_dir {str(root)!r} is a file; give a folder")
@@ -83,10 +83,10 @@ def _reach(records: list[dict], target: float) -> dict | None:
 
 
 def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
-    from d3s.plots import read_records
+    from d3s.app.runfolder import read_run_records
 
     runs = {v: [(s, json.loads((run_dir(root, v, s) / "summary.json").read_text()),
-                 read_records(run_dir(root, v, s) / "metrics.jsonl")) for s in seeds] for v in variants}
+                 read_run_records(run_dir(root, v, s) / "metrics.jsonl")) for s in seeds] for v in variants}
     reference = "grpo" if "grpo" in variants else variants[0]
     target = statistics.mean(summ["after"]["accuracy"] for _, summ, _ in runs[reference])
     table = {}
@@ -154,8 +154,8 @@ def cmd_compare(argv: Sequence[str]) -> int:
     """`d3s compare`: see the module docstring."""
     import argparse
 
-    from d3s.plots import plot_compare
-    from d3s.recipe import RecipeError, parse_train_args
+    from d3s.app.plots import plot_compare
+    from d3s.app.recipe import RecipeError, parse_train_args
 
     p = argparse.ArgumentParser(
         prog="d3s compare",
