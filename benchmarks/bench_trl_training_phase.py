@@ -60,8 +60,17 @@ from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS, INTERMEDIATE = 8192, 384, 4, 1024
 G, PROMPT_LEN, MIN_LEN, MAX_LEN = 32, 32, 32, 128
-MODEL = "tiny"  # "tiny"/"qwen-head": built from a config; otherwise d3s.app.models.resolve_model ("embedded", a folder)
-MODEL_SHAPES = {"tiny": (8192, 384, 4, 1024, 6), "qwen-head": (151936, 896, 2, 4864, 14)}
+MODEL = "tiny"  # "tiny"/"qwen-head"/"qwen-0.5b": built from a config; otherwise d3s.app.models.resolve_model ("embedded", a folder)
+MODEL_SHAPES = {"tiny": (8192, 384, 4, 1024, 6), "qwen-head": (151936, 896, 2, 4864, 14),
+                "qwen-0.5b": (151936, 896, 24, 4864, 14)}
+DEVICE = "cpu"
+
+
+def _now() -> float:
+    """perf_counter after the device's queued work has finished (CUDA kernels run asynchronously)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def words(vocab: int) -> list[str]:
@@ -93,8 +102,8 @@ def model() -> LlamaForCausalLM:
         return AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32)
     vocab, hidden, layers, intermediate, heads = MODEL_SHAPES[MODEL]
     return tiny_llama(word_level_tokenizer(words(vocab)), hidden, layers, intermediate_size=intermediate,
-                      num_attention_heads=heads, num_key_value_heads=2 if MODEL == "qwen-head" else heads,
-                      max_position_embeddings=512, tie_word_embeddings=MODEL == "qwen-head")
+                      num_attention_heads=heads, num_key_value_heads=2 if MODEL.startswith("qwen") else heads,
+                      max_position_embeddings=512, tie_word_embeddings=MODEL.startswith("qwen"))
 
 
 def fixed_rollout(prompts, trainer):
@@ -125,10 +134,10 @@ class Timer(TrainerCallback):
         self._optim_start = 0.0
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self._optim_start = time.perf_counter()
+        self._optim_start = _now()
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self.current["optim"] += time.perf_counter() - self._optim_start
+        self.current["optim"] += _now() - self._optim_start
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps.append(self.current)
@@ -142,29 +151,29 @@ def timed(trainer_cls, entropies_from_generation: bool):
         timer: Timer
 
         def _prepare_inputs(self, generation_batch):
-            start = time.perf_counter()
+            start = _now()
             out = super()._prepare_inputs(generation_batch)
-            self._prepare_seconds += time.perf_counter() - start
+            self._prepare_seconds += _now() - start
             return out
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             self._prepare_seconds = 0.0
-            start = time.perf_counter()
+            start = _now()
             out = super().training_step(model, inputs, num_items_in_batch)
-            self.timer.current["fwd_bwd"] += time.perf_counter() - start - self._prepare_seconds
+            self.timer.current["fwd_bwd"] += _now() - start - self._prepare_seconds
             return out
 
         def _get_per_token_logps_and_entropies(self, *args, **kwargs):  # TRL's passes over all rows (GRPO)
-            start = time.perf_counter()
+            start = _now()
             out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
             if not torch.is_grad_enabled():
-                self.timer.current["passes"] += time.perf_counter() - start
+                self.timer.current["passes"] += _now() - start
             return out
 
         def _d3s_kept_row_passes(self, *args, **kwargs):
-            start = time.perf_counter()
+            start = _now()
             out = super()._d3s_kept_row_passes(*args, **kwargs)
-            elapsed = time.perf_counter() - start
+            elapsed = _now() - start
             self.timer.current["passes"] += elapsed
             self._passes_seconds += elapsed
             return out
@@ -174,9 +183,9 @@ def timed(trainer_cls, entropies_from_generation: bool):
                 # what transformers generation hands over for free (computed here, untimed)
                 entropies = self._d3s_no_grad_logps(self.model, batch, batch["completion_mask"], entropy=True)[1]
             self._passes_seconds = 0.0
-            start = time.perf_counter()
+            start = _now()
             out = super()._d3s_select(batch, entropies)
-            self.timer.current["select"] += time.perf_counter() - start - self._passes_seconds
+            self.timer.current["select"] += _now() - start - self._passes_seconds
             return out
 
     return Timed
@@ -204,10 +213,10 @@ def _status_kb(field: str) -> int:
 def run(name: str, trainer_cls, config_cls, steps: int, prompts: int, out_dir: Path, entropies_from_generation=False,
         **d3s) -> dict:
     args = config_cls(
-        output_dir=str(out_dir / name.replace(" ", "_").replace("/", "-")), use_cpu=True,
+        output_dir=str(out_dir / name.replace(" ", "_").replace("/", "-")), use_cpu=DEVICE == "cpu",
         per_device_train_batch_size=prompts * G, gradient_accumulation_steps=1, num_generations=G,
         max_completion_length=MAX_LEN + 1, max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", seed=0,
-        learning_rate=1e-6, loss_type="dapo", disable_tqdm=True, log_level="error", bf16=False, **d3s,
+        learning_rate=1e-6, loss_type="dapo", disable_tqdm=True, log_level="error", bf16=DEVICE == "cuda", **d3s,
     )
     timer = Timer()
     cls = timed(trainer_cls, entropies_from_generation)
@@ -216,8 +225,12 @@ def run(name: str, trainer_cls, config_cls, steps: int, prompts: int, out_dir: P
                   train_dataset=Dataset.from_dict({"prompt": [f"w{i}" for i in range(64)]}),
                   rollout_func=fixed_rollout, callbacks=[timer])
     base = _rss_reset()
+    if DEVICE == "cuda":  # device memory instead of the resident set
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() // 1024
     trainer.train()
-    peak = _status_kb("VmHWM")
+    peak = _status_kb("VmHWM") if DEVICE == "cpu" else torch.cuda.max_memory_allocated() // 1024
     logs = [h for h in trainer.state.log_history if "loss" in h]
     del trainer
     return {
@@ -233,23 +246,24 @@ def model_alone(rows: int, reps: int) -> list[float]:
     """fwd+bwd seconds of the bare model (TRL's fused log-prob/entropy head) on `rows` full-width rows."""
     from trl.trainer.utils import add_fused_lm_head
 
-    m = model()
+    m = model().to(DEVICE)
     add_fused_lm_head(m, outputs=("log_probs", "entropy"))
-    ids = torch.randint(3, VOCAB, (rows, PROMPT_LEN + MAX_LEN))  # VOCAB: the model's (set in main)
+    ids = torch.randint(3, VOCAB, (rows, PROMPT_LEN + MAX_LEN), device=DEVICE)  # VOCAB: the model's (set in main)
     labels = ids.clone()
     labels[:, :PROMPT_LEN] = -100
     times = []
     for _ in range(reps + 1):  # + warm-up
-        start = time.perf_counter()
-        out = m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels, fused_lm_head=True)
-        out.log_probs.sum().backward()
-        times.append(time.perf_counter() - start)
+        start = _now()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+            out = m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels, fused_lm_head=True)
+        out.log_probs.float().sum().backward()
+        times.append(_now() - start)
         m.zero_grad(set_to_none=True)
     return times[1:]
 
 
 def main() -> None:
-    global MODEL, G, PROMPT_LEN, MIN_LEN, MAX_LEN, VOCAB
+    global MODEL, G, PROMPT_LEN, MIN_LEN, MAX_LEN, VOCAB, DEVICE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every setting once, in turn")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per run (the first is warm-up)")
@@ -257,7 +271,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--model", default="tiny",
-                        help="tiny (a 13M Llama, default), qwen-head (151,936 x 896 head, 2 layers), embedded, a folder")
+                        help="tiny (a 13M Llama, default), qwen-head (151,936 x 896 head, 2 layers), "
+                             "qwen-0.5b (Qwen2.5-0.5B's shapes, 24 layers), embedded, a folder")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu (fp32, default) or cuda (bf16 autocast, as GPU users train; memory is the "
+                             "device's peak allocation instead of the resident set)")
     parser.add_argument("--extra", choices=["none", "num_iterations=2", "beta=0.04"], default="none",
                         help="a setting that makes TRL run a no-grad pass over the rollouts")
     parser.add_argument("--num-generations", type=int, default=G, help=f"G (default {G})")
@@ -268,6 +286,7 @@ def main() -> None:
                         help="as `d3s train` runs on a CPU (default: TRL's default, checkpointing on)")
     a = parser.parse_args()
     MODEL, G, PROMPT_LEN, MIN_LEN, MAX_LEN = a.model, a.num_generations, a.prompt_len, a.min_len, a.max_len
+    DEVICE = a.device
     extra = {"gradient_checkpointing": False} if a.no_gradient_checkpointing else {}
     if a.extra == "num_iterations=2":
         extra["num_iterations"] = 2
@@ -291,7 +310,7 @@ def main() -> None:
         ("grpo (TRL GRPOTrainer)", GRPOTrainer, GRPOConfig, {}),
         (f"d3s early: N={G // 4}/{G}, K=5%", D3SGRPOTrainer, D3SConfig, dict(early, entropies_from_generation=True)),
         (f"d3s late: N={G}/{G}, K=20%", D3SGRPOTrainer, D3SConfig, dict(late, entropies_from_generation=True)),
-        (f"d3s late, extra pass", D3SGRPOTrainer, D3SConfig, late),
+        ("d3s late, extra pass", D3SGRPOTrainer, D3SConfig, late),
     ]
     # Rounds interleave the settings, so that a change of machine load hits all of them alike
     runs = {name: [] for name, *_ in settings}
@@ -332,6 +351,7 @@ def main() -> None:
         "command": " ".join(["python benchmarks/bench_trl_training_phase.py", *sys.argv[1:]]),
         "model": MODEL,
         "extra": a.extra,
+        "device": DEVICE if DEVICE == "cpu" else torch.cuda.get_device_name(),
         "cpu_flags": sorted({f for f in Path("/proc/cpuinfo").read_text().split() if f.startswith(("avx512", "amx", "avx2"))}),
         "model_parameters": n_params,
         "batch": {"prompts": a.prompts, "num_generations": G, "prompt_tokens": PROMPT_LEN,
@@ -345,6 +365,7 @@ def main() -> None:
     }
     suffix = "" if MODEL == "tiny" else f"_{Path(MODEL).name}"
     suffix += "" if a.extra == "none" else "_" + a.extra.replace("=", "").replace(".", "")
+    suffix += "" if DEVICE == "cpu" else "_cuda"
     path = a.out / f"bench_trl_training_phase{suffix}.json"
     path.write_text(json.dumps(record, indent=2))
     shutil.rmtree(scratch, ignore_errors=True)

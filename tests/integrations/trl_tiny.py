@@ -25,6 +25,8 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from d3s.app.models import tiny_llama, word_level_tokenizer  # noqa: E402
 
+DEVICE = os.environ.get("D3S_TEST_DEVICE", "cpu")  # "cuda": the trainer tests on a GPU, fp32
+
 VOCAB = 64
 PAD, EOS = 0, 1
 
@@ -87,11 +89,12 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, rewa
     """Build a tiny trainer, train it, return it with a `GradRecorder` of every optimizer step.
 
     Defaults: 16 rollouts per generation (4 prompts x G=4), SGD (no Adam amplification of float
-    noise), fp32, CPU, no checkpoints, one log per step.
+    noise), fp32, CPU (`D3S_TEST_DEVICE=cuda` runs the same tests on a GPU), no checkpoints, one log
+    per step.
     """
     defaults = dict(
         output_dir=str(tmp_path),
-        use_cpu=True,
+        use_cpu=DEVICE == "cpu",
         per_device_train_batch_size=16,
         gradient_accumulation_steps=1,
         num_generations=num_generations,
