@@ -84,6 +84,7 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             self.wall_offset = last["wall_s"] if last else 0.0
             self.trained_tokens = last["trained_tokens"] if last else 0.0
             self.generated_tokens = last["generated_tokens"] if last else 0.0
+            self.computed_tokens = last.get("computed_tokens", 0.0) if last else 0.0
             self.eval_seconds = 0.0
             self.t0 = time.perf_counter()
             self.updating_from: int | None = None
@@ -116,8 +117,10 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             ratio = logs.get("d3s/token_consumption_ratio")
             if ratio:
                 self.generated_tokens += logs.get("d3s/tokens_in_loss", 0.0) / ratio * steps
+            self.computed_tokens += logs.get("d3s/tokens_computed", 0.0) * steps
             record = {"type": "train", "step": state.global_step, "wall_s": self.wall(),
                       "trained_tokens": self.trained_tokens, "generated_tokens": self.generated_tokens,
+                      "computed_tokens": self.computed_tokens,
                       **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
             run_log.add(record)
             if self.bar is not None:
@@ -148,7 +151,7 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             self.eval_seconds += time.perf_counter() - t
             self.last_acc = result["accuracy"]
             run_log.add({"type": "eval", "step": step, "wall_s": self.wall(), "trained_tokens": self.trained_tokens,
-                         "generated_tokens": self.generated_tokens,
+                         "generated_tokens": self.generated_tokens, "computed_tokens": self.computed_tokens,
                          **{k: v for k, v in result.items() if k != "examples"}})
             return result
 
@@ -162,6 +165,10 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
+
+
+def _device(config) -> str:
+    return "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
 
 
 def _bf16_fast(device: str) -> bool:
@@ -450,19 +457,25 @@ def _check_same_training(out: Path, now: dict) -> None:
         _say(f"resuming with changed settings that do not change training: {'; '.join(free)}")
 
 
-def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool) -> dict[str, Any]:
-    from d3s.app.runfolder import atomic_write_text
+def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
+    """Settle what the recipe leaves to the machine (precision: auto) and fix the logging the records need;
+    returns what `run_config.json` records: the run and trainer settings, the recipe and the code version."""
+    from d3s.app.runfolder import code_version
 
-    device = "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
-    bf16 = run.precision == "bf16" or (run.precision == "auto" and _bf16_fast(device))
+    bf16 = run.precision == "bf16" or (run.precision == "auto" and _bf16_fast(_device(config)))
     config.bf16, config.fp16 = bf16, False
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
+    return {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe, "code_version": code_version()}
 
+
+def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool) -> dict[str, Any]:
+    from d3s.app.runfolder import atomic_write_text, no_signal_share
+
+    run_config = resolve_run_config(run, config, recipe)
     notes: list[str] = []
     checkpoint, finished = _resume_point(run, config, out, main_process, notes)
     if finished is not None:
         return finished
-    run_config = {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe}
     if checkpoint is not None:
         _check_same_training(out, run_config)
     for note in notes:
@@ -512,7 +525,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
     _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
          f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
-         f"{'bf16 autocast' if bf16 else 'fp32'} on {device}; output in {out}")
+         f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
 
     before = None
     if resume_step is None:
@@ -526,6 +539,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
             cached.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(cached, json.dumps(before))
         run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
+                     "computed_tokens": 0.0,
                      **{k: v for k, v in before.items() if k != "examples"}})
         callback.last_acc = before["accuracy"]
     else:
@@ -558,6 +572,9 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
         "train_wall_s": last_train.get("wall_s"),
         "trained_tokens": last_train.get("trained_tokens"),
         "generated_tokens": last_train.get("generated_tokens"),
+        "computed_tokens": last_train.get("computed_tokens"),
+        "no_signal_steps": no_signal_share(run_log.records),
+        "code_version": run_config["code_version"],
         "examples_after": after.get("examples", []),
     }
     if run.plots and main_process:
