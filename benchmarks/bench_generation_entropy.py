@@ -39,10 +39,10 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from d3s.models import resolve_model
-    from d3s.recipe import RunArgs
-    from d3s.tasks import score_arith, train_problems
-    from d3s.train import render_prompts
+    from d3s.app.models import resolve_model
+    from d3s.app.recipe import RunArgs
+    from d3s.app.evaluation.prompts import render_prompt
+    from d3s.app.tasks import prompt_text, score_arith, train_problems
 
     path = resolve_model(a.model)
     tok = AutoTokenizer.from_pretrained(path)
@@ -54,7 +54,7 @@ def main() -> None:
     rows = []
     for rnd in range(a.rounds):
         problems = train_problems(config, a.prompts * (rnd + 1))[rnd * a.prompts:]
-        prompts = render_prompts(tok, [p["question"] for p in problems], config.instruction)
+        prompts = [render_prompt(tok, prompt_text(p["question"], config.instruction)) for p in problems]
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.repeat_interleave(a.generations, dim=0) for k, v in enc.items()}
         torch.manual_seed(rnd)

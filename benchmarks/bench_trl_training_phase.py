@@ -52,15 +52,15 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
+from d3s.app.models import tiny_llama, word_level_tokenizer  # noqa: E402
 from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS, INTERMEDIATE = 8192, 384, 4, 1024
 G, PROMPT_LEN, MIN_LEN, MAX_LEN = 32, 32, 32, 128
-MODEL = "tiny"  # "tiny"/"qwen-head": built from a config; otherwise d3s.models.resolve_model ("embedded", a folder)
+MODEL = "tiny"  # "tiny"/"qwen-head"/"qwen-0.5b": built from a config; otherwise d3s.app.models.resolve_model ("embedded", a folder)
 MODEL_SHAPES = {"tiny": (8192, 384, 4, 1024, 6), "qwen-head": (151936, 896, 2, 4864, 14),
                 "qwen-0.5b": (151936, 896, 24, 4864, 14)}
 DEVICE = "cpu"
@@ -73,40 +73,37 @@ def _now() -> float:
     return time.perf_counter()
 
 
+def words(vocab: int) -> list[str]:
+    """The built models' vocabulary: `<pad>`, `<eos>`, `<unk>` (ids 0, 1, 2), then the words w0, w1, ..."""
+    return ["<pad>", "<eos>", "<unk>", *(f"w{i}" for i in range(vocab - 3))]
+
+
 def tokenizer() -> PreTrainedTokenizerFast:
     if MODEL not in MODEL_SHAPES:
         from transformers import AutoTokenizer
 
-        from d3s.models import resolve_model
+        from d3s.app.models import resolve_model
 
         tok = AutoTokenizer.from_pretrained(resolve_model(MODEL))
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         tok.padding_side = "left"
         return tok
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i + 3 for i in range(VOCAB - 3)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    fast.padding_side = "left"
-    return fast
+    return word_level_tokenizer(words(VOCAB), padding_side="left")
 
 
 def model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
     if MODEL not in MODEL_SHAPES:
         from transformers import AutoModelForCausalLM
 
-        from d3s.models import resolve_model
+        from d3s.app.models import resolve_model
 
+        torch.manual_seed(0)  # a fixed random state after loading too: `model_alone` draws its batch from it
         return AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32)
     vocab, hidden, layers, intermediate, heads = MODEL_SHAPES[MODEL]
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=2 if MODEL.startswith("qwen") else heads,
-                         max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=None,
-                         tie_word_embeddings=MODEL.startswith("qwen"))
-    return LlamaForCausalLM(config).float()
+    return tiny_llama(word_level_tokenizer(words(vocab)), hidden, layers, intermediate_size=intermediate,
+                      num_attention_heads=heads, num_key_value_heads=2 if MODEL.startswith("qwen") else heads,
+                      max_position_embeddings=512, tie_word_embeddings=MODEL.startswith("qwen"))
 
 
 def fixed_rollout(prompts, trainer):
@@ -313,7 +310,7 @@ def main() -> None:
         ("grpo (TRL GRPOTrainer)", GRPOTrainer, GRPOConfig, {}),
         (f"d3s early: N={G // 4}/{G}, K=5%", D3SGRPOTrainer, D3SConfig, dict(early, entropies_from_generation=True)),
         (f"d3s late: N={G}/{G}, K=20%", D3SGRPOTrainer, D3SConfig, dict(late, entropies_from_generation=True)),
-        (f"d3s late, extra pass", D3SGRPOTrainer, D3SConfig, late),
+        ("d3s late, extra pass", D3SGRPOTrainer, D3SConfig, late),
     ]
     # Rounds interleave the settings, so that a change of machine load hits all of them alike
     runs = {name: [] for name, *_ in settings}

@@ -56,9 +56,9 @@ def run_one(backend: str, variant: str, steps: int, out: Path) -> dict:
     from transformers import AutoTokenizer, TrainerCallback
 
     from d3s.integrations.trl import D3SGRPOTrainer
-    from d3s.models import resolve_model
-    from d3s.recipe import parse_train_args
-    from d3s.tasks import arith_reward, prompt_messages, train_problems
+    from d3s.app.models import resolve_model
+    from d3s.app.recipe import parse_train_args
+    from d3s.app.tasks import arith_reward, prompt_messages, train_problems
 
     argv = ["--variant", variant, "--max_steps", str(steps), "--output_dir", str(out), "--report_to", "none",
             "--save_strategy", "no", "--logging_steps", "1"]

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from d3s.cli import main  # noqa: E402
+from d3s.app.cli import main  # noqa: E402
 
 
 def test_smoke_run_logs_kl_entropies_and_ends_at_the_final_schedule(tmp_path):

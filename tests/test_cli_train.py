@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("trl")
 
 from d3s import cli  # noqa: E402
-from d3s.recipe import RECIPES_DIR, RecipeError, parse_train_args  # noqa: E402
+from d3s.app.recipe import RECIPES_DIR, RecipeError, parse_train_args  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +41,10 @@ def test_smoke_train_writes_everything(tmp_path):
     assert tokens == sorted(tokens) and tokens[-1] > 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["after"]["n"] == 16
+    train_recs = [r for r in recs if r["type"] == "train"]
+    # cumulative training-forward positions, and the share of steps whose groups all had equal rewards
+    assert summary["computed_tokens"] == sum(r["d3s/tokens_computed"] for r in train_recs) > 0
+    assert summary["no_signal_steps"] == sum(r["frac_reward_zero_std"] == 1.0 for r in train_recs) / 4
     assert 0.0 <= summary["before"]["ci_low"] <= summary["before"]["accuracy"] <= summary["before"]["ci_high"] <= 1
     assert (out / "training.png").stat().st_size > 10_000
     assert (out / "checkpoint-4").is_dir()
@@ -59,9 +63,17 @@ def test_compare_runs_reuses_and_summarises(tmp_path, capsys):
     assert summary["reference"] == "grpo" and set(summary["variants"]) == {"grpo", "d3s"}
     assert summary["variants"]["grpo"]["speedup_wall"] == pytest.approx(1.0)  # the reference reaches itself
     assert (root / "compare.png").stat().st_size > 10_000
+    per_seed = summary["variants"]["d3s"]["per_seed"][0]
+    assert per_seed["computed_tokens"] > 0 and per_seed["code_version"].startswith("0.1.0")
+    assert summary["code_versions"] == [per_seed["code_version"]]
     capsys.readouterr()
     assert cli.main(argv) == 0  # finished runs are reused, not retrained
     assert "reusing" in capsys.readouterr().err
+    assert cli.main(argv[:-2] + ["--eval_every", "2"]) == 0  # how often it evaluates does not change training
+    # a recipe that trains differently is never mixed in with these runs
+    assert cli.main(argv + ["--learning_rate", "0.123"]) == 2
+    err = capsys.readouterr().err
+    assert "was trained with another recipe than this command's (learning_rate:" in err and "0.123" in err
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))

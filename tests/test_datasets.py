@@ -10,12 +10,12 @@ import pytest
 pytest.importorskip("datasets")
 
 from d3s import cli  # noqa: E402
-from d3s.recipe import RecipeError, RunArgs  # noqa: E402
-from d3s.train import _load_rows  # noqa: E402
+from d3s.app.recipe import RecipeError, RunArgs  # noqa: E402
+from d3s.app.tasks import load_math_rows  # noqa: E402
 
 
 def rows_of(path, **fields):
-    return _load_rows(RunArgs(task="math", dataset=str(path), **fields))
+    return load_math_rows(RunArgs(task="math", dataset=str(path), **fields))
 
 
 def write_jsonl(path, rows):

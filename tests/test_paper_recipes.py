@@ -22,7 +22,7 @@ yaml = pytest.importorskip("yaml")
 
 import torch  # noqa: E402
 
-from d3s.recipe import RECIPES_DIR, load_recipe, parse_train_args  # noqa: E402
+from d3s.app.recipe import RECIPES_DIR, load_recipe, parse_train_args  # noqa: E402
 
 GPUS, GPU_GB = 8, 80.0
 ACCELERATE_CONFIG = "recipes/accelerate/zero3-8gpu.yaml"
@@ -167,7 +167,7 @@ def test_names_a_sharding_config_that_exists(paper):
     name, *_ = paper
     text = (RECIPES_DIR / f"{name}.yaml").read_text()
     assert f"--config_file {ACCELERATE_CONFIG}" in text
-    accelerate = yaml.safe_load((RECIPES_DIR.parent.parent.parent / ACCELERATE_CONFIG).read_text())
+    accelerate = yaml.safe_load((RECIPES_DIR / ACCELERATE_CONFIG.removeprefix("recipes/")).read_text())
     assert accelerate["distributed_type"] == "DEEPSPEED"
     assert accelerate["deepspeed_config"]["zero_stage"] == 3
     assert accelerate["deepspeed_config"]["offload_optimizer_device"] == "none"  # the arithmetic assumes it

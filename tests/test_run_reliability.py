@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("trl")
 
 from d3s import cli  # noqa: E402
-from d3s import train as train_mod  # noqa: E402
-from d3s.runfolder import LOCK_NAME, claim_folder, complete_checkpoints  # noqa: E402
+from d3s.app import train as train_mod  # noqa: E402
+from d3s.app.runfolder import LOCK_NAME, claim_folder, complete_checkpoints  # noqa: E402
 
 TIMING_KEYS = ("wall_s", "step_time")  # the only fields allowed to differ between two runs
 
@@ -98,7 +98,7 @@ def test_a_folder_in_use_by_a_live_run_is_refused_untouched(tmp_path, capsys):
 
 def test_a_killed_run_does_not_leave_its_folder_locked(tmp_path):
     out = tmp_path / "run"
-    code = ("import os, signal, sys; from d3s.runfolder import claim_folder; claim_folder(sys.argv[1]); "
+    code = ("import os, signal, sys; from d3s.app.runfolder import claim_folder; claim_folder(sys.argv[1]); "
             "os.kill(os.getpid(), signal.SIGKILL)")
     done = subprocess.run([sys.executable, "-c", code, str(out)])
     assert done.returncode == -signal.SIGKILL and (out / LOCK_NAME).is_file()

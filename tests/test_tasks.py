@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from d3s import tasks
-from d3s.tasks import ArithmeticTaskConfig, arith_reward, canonical_key, extract_final_number
+from d3s.app import tasks
+from d3s.app.tasks import ArithmeticTaskConfig, arith_reward, canonical_key, extract_final_number
 
 SMALL = ArithmeticTaskConfig(heldout_size=50)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from d3s.loss import ImportanceSamplingLevel, Normalizer
-from d3s.sampling import SampleSelection
+from d3s.rollout_selection import SampleSelection
 from d3s.schedule import linear_schedule
 
 Schedule = Literal["constant", "linear"]

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from d3s.evaluation.aggregate import average_metrics, benchmark_metrics
+from d3s.app.evaluation.aggregate import average_metrics, benchmark_metrics
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> Fraction:

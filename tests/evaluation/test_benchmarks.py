@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from d3s.evaluation.benchmarks import (
+from d3s.app.evaluation.benchmarks import (
     BENCHMARKS,
     BenchmarkError,
     extract_gold,
@@ -157,7 +157,7 @@ def test_unreachable_hub_fails_fast_with_hint(monkeypatch):
 
 
 def test_arith_benchmark_is_the_tasks_heldout_set():
-    from d3s import tasks
+    from d3s.app import tasks
 
     problems = load_benchmark("arith")
     heldout = tasks.heldout_problems(tasks.ArithmeticTaskConfig())
@@ -171,7 +171,7 @@ def test_hub_path_asks_for_the_published_config_and_split(monkeypatch):
     """The hub loader's request and row mapping, with `datasets.load_dataset` stubbed."""
     import datasets
 
-    from d3s.evaluation import benchmarks
+    from d3s.app.evaluation import benchmarks
 
     calls = []
 

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from d3s.cli import main
-from d3s.evaluation.generation import TransformersSampler
-from d3s.evaluation.runner import EvalConfig, run_eval
+from d3s.app.cli import main
+from d3s.app.evaluation.generation import TransformersSampler
+from d3s.app.evaluation.runner import EvalConfig, run_eval
 from d3s.metrics import pass_at_k
 
 
 def read_cache(out: Path) -> list[dict]:
+    """The cached problems in the benchmark file's order (they are sampled shortest prompt first)."""
     lines = (out / "samples.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines[1:]]
+    records = [json.loads(line) for line in lines[1:]]
+    return sorted(records, key=lambda r: (r["benchmark"], int(r["problem_id"])))
 
 
 def answered(completion: str) -> str | None:
@@ -25,13 +27,13 @@ def answered(completion: str) -> str | None:
 
 
 def eval_args(model, bench, out, *extra):
-    return ["eval", "--model", str(model), "--benchmarks", f"gsm8k={bench}", "--output",
-            str(out), "--max-new-tokens", "6", "--no-progress", "--score-workers", "1", *extra]
+    return ["eval", "--model", str(model), "--benchmarks", f"gsm8k={bench}", "--output_dir",
+            str(out), "--max_new_tokens", "6", "--no_progress", "--score_workers", "1", *extra]
 
 
 def test_greedy_eval_end_to_end(tiny_model, tiny_gsm8k, tmp_path, capsys):
     out = tmp_path / "greedy"
-    rc = main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "2", "--k", "1,2",
+    rc = main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "2", "--ks", "1,2",
                         "--temperature", "0"))
     assert rc == 0
     records = read_cache(out)
@@ -48,8 +50,8 @@ def test_greedy_eval_end_to_end(tiny_model, tiny_gsm8k, tmp_path, capsys):
 
 def test_sampled_eval_counts_match_completions(tiny_model, tiny_gsm8k, tmp_path):
     out = tmp_path / "sampled"
-    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "8", "--k", "1,4,8",
-                          "--batch-size", "16")) == 0
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "8", "--ks", "1,4,8",
+                          "--batch_size", "16")) == 0
     records = read_cache(out)
     golds = ["7", "3", "5"]
     for rec, gold in zip(records, golds):
@@ -71,8 +73,8 @@ def test_pooled_scoring_keeps_order(tiny_gsm8k):
     """The pool plumbing of score_problem (a thread pool here: cheap; processes in production)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from d3s.evaluation.benchmarks import load_benchmark
-    from d3s.evaluation.runner import score_problem
+    from d3s.app.evaluation.benchmarks import load_benchmark
+    from d3s.app.evaluation.runner import score_problem
 
     problem = load_benchmark("gsm8k", path=tiny_gsm8k)[0]  # gold 7
     config = EvalConfig(model="m", benchmarks=("arith",), n=9, ks=(1,), score_workers=2)
@@ -90,9 +92,9 @@ def test_pooled_scoring_keeps_order(tiny_gsm8k):
 def test_parallel_scoring_matches_serial(tiny_model, tiny_gsm8k, tmp_path):
     """Process-pool scoring end to end (slow: each spawned worker imports torch)."""
     serial, parallel = tmp_path / "serial", tmp_path / "parallel"
-    args = ("--n", "6", "--k", "1,6", "--benchmarks", f"gsm8k={tiny_gsm8k},arith", "--limit", "2")
+    args = ("--n", "6", "--ks", "1,6", "--benchmarks", f"gsm8k={tiny_gsm8k},arith", "--limit", "2")
     assert main(eval_args(tiny_model, tiny_gsm8k, serial, *args)) == 0
-    assert main(eval_args(tiny_model, tiny_gsm8k, parallel, *args, "--score-workers", "2")) == 0
+    assert main(eval_args(tiny_model, tiny_gsm8k, parallel, *args, "--score_workers", "2")) == 0
     assert read_cache(parallel) == read_cache(serial)
     assert sum(r["n_correct"] for r in read_cache(serial)) > 0
 
@@ -100,7 +102,7 @@ def test_parallel_scoring_matches_serial(tiny_model, tiny_gsm8k, tmp_path):
 def test_chat_template_is_used(tiny_model, tiny_gsm8k, tmp_path):
     # Without the chat template the prompt does not end in `<assistant>`: the model stops at once.
     out = tmp_path / "nochat"
-    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "1", "--k", "1",
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "1", "--ks", "1",
                           "--temperature", "0", "--chat", "off")) == 0
     assert [r["completions"] for r in read_cache(out)] == [[""]] * 3
 
@@ -134,7 +136,7 @@ class CountingSampler:
 def test_interrupted_eval_resumes_to_the_same_result(tiny_model, tiny_gsm8k, tmp_path):
     def config(out):  # n = batch_size = 4: one problem per sampling call
         return EvalConfig(model=str(tiny_model), benchmarks=(f"gsm8k={tiny_gsm8k}", "arith"),
-                          n=4, ks=(1, 2), output=str(out), max_new_tokens=6, batch_size=4,
+                          n=4, ks=(1, 2), output_dir=str(out), max_new_tokens=6, batch_size=4,
                           limit=3, score_workers=1)
 
     full = CountingSampler(str(tiny_model))
@@ -163,25 +165,25 @@ def test_interrupted_eval_resumes_to_the_same_result(tiny_model, tiny_gsm8k, tmp
 
 def test_changed_settings_refuse_the_cache(tiny_model, tiny_gsm8k, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "2", "--k", "1")) == 0
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "2", "--ks", "1")) == 0
     capsys.readouterr()
-    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "4", "--k", "1")) == 2
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "4", "--ks", "1")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "n: cached 2 != now 4" in err and "--overwrite" in err
-    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "4", "--k", "1",
+    assert main(eval_args(tiny_model, tiny_gsm8k, out, "--n", "4", "--ks", "1",
                           "--overwrite")) == 0
 
 
 def test_eval_table_side_by_side(tiny_model, tiny_gsm8k, tmp_path, capsys):
     base, tuned = tmp_path / "base", tmp_path / "tuned"
-    assert main(eval_args(tiny_model, tiny_gsm8k, base, "--n", "4", "--k", "1,4",
+    assert main(eval_args(tiny_model, tiny_gsm8k, base, "--n", "4", "--ks", "1,4",
                           "--temperature", "0")) == 0
-    assert main(eval_args(tiny_model, tiny_gsm8k, tuned, "--n", "4", "--k", "1,4")) == 0
+    assert main(eval_args(tiny_model, tiny_gsm8k, tuned, "--n", "4", "--ks", "1,4")) == 0
     capsys.readouterr()
     table_file = tmp_path / "table.md"
     rc = main(["eval-table", str(base / "results.json"), str(tuned), "--labels", "Base,GRPO",
-               "--k", "1,4", "--output", str(table_file)])
+               "--ks", "1,4", "--output", str(table_file)])
     assert rc == 0
     table = capsys.readouterr().out
     assert table_file.read_text() == table
@@ -192,9 +194,10 @@ def test_eval_table_side_by_side(tiny_model, tiny_gsm8k, tmp_path, capsys):
     p1 = 100 * sum(tuned_counts) / 12
     p4 = 100 * sum(pass_at_k(4, c, 4) for c in tuned_counts) / 3
     assert rows[2] == f"| GRPO | {p1:.1f}/{p4:.1f} | {p1:.1f}/{p4:.1f} |"
-    # k beyond the stored n is refused with the valid range.
+    # k beyond the stored n is refused with the valid range (--k: the former spelling of --ks).
     assert main(["eval-table", str(base), "--k", "1,8"]) == 2
-    assert "k=[8] > n=4" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "d3s eval-table: note: --k is now --ks" in err and "k=[8] > n=4" in err
 
 
 @pytest.mark.parametrize(
@@ -202,12 +205,22 @@ def test_eval_table_side_by_side(tiny_model, tiny_gsm8k, tmp_path, capsys):
     [
         (["--benchmarks", "gsm9k"], "unknown benchmark 'gsm9k'; valid: aime24"),
         (["--benchmarks", "gsm8k=/no/such.jsonl"], "'/no/such.jsonl' (for gsm8k) does not exist"),
-        (["--benchmarks", "arith", "--n", "4", "--k", "1,8"], "k=[8] invalid"),
-        (["--benchmarks", "arith", "--data-dir", "/no/such/dir"], "/no/such/dir is not a folder"),
+        (["--benchmarks", "arith", "--n", "4", "--ks", "1,8"], "k=[8] invalid"),
+        (["--benchmarks", "arith", "--data_dir", "/no/such/dir"], "--data_dir /no/such/dir is not a folder"),
+        (["--n", "abc"], "argument --n: 'abc' is not an integer"),
+        (["--temperature", "hot"], "argument --temperature: 'hot' is not a number"),
+        (["--ks", "1,x"], "argument --ks: '1,x' is not a comma-separated list of integers"),
+        (["--backend", "tpu"],
+         "argument --backend: invalid choice: 'tpu' (choose from 'auto', 'transformers', 'vllm')"),
+        (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8' (choose from 'auto', 'float32', 'bfloat16'"),
+        (["--chat", "yes"], "argument --chat: invalid choice: 'yes' (choose from 'auto', 'on', 'off')"),
+        (["--require_boxed", "maybe"], "argument --require_boxed: 'maybe' is not true or false"),
+        (["--max_new_tokens"], "argument --max_new_tokens: expected one argument"),
+        (["--max_tokens", "5"], "unrecognized arguments: --max_tokens 5"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
-    rc = main(["eval", "--model", "/no/model", "--output", str(tmp_path / "o"), *args])
+    rc = main(["eval", "--model", "/no/model", "--output_dir", str(tmp_path / "o"), *args])
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and message in err
@@ -215,7 +228,7 @@ def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
 
 def test_missing_model_folder(tmp_path, capsys):
     rc = main(["eval", "--model", str(tmp_path / "nope"), "--benchmarks", "arith", "--n", "1",
-               "--k", "1", "--limit", "1", "--output", str(tmp_path / "o")])
+               "--ks", "1", "--limit", "1", "--output_dir", str(tmp_path / "o")])
     assert rc == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -227,3 +240,102 @@ def test_top_level_usage(capsys):
     assert main(["nonsense"]) == 2
     err = capsys.readouterr().err
     assert "unknown command 'nonsense'; valid: " in err and "eval, eval-table" in err
+
+
+# Options: derived from EvalConfig, spelled like `d3s train`'s; the former spellings still work.
+
+OLD_AND_NEW = [  # (former spelling, current spelling) of every option that changed
+    (["--max-new-tokens", "7"], ["--max_new_tokens", "7"]),
+    (["--top-p", "0.5"], ["--top_p", "0.5"]),
+    (["--top-k", "3"], ["--top_k", "3"]),
+    (["--data-dir", "DATA"], ["--data_dir", "DATA"]),
+    (["--batch-size", "5"], ["--batch_size", "5"]),
+    (["--prompt-template", "Q: {question}"], ["--prompt_template", "Q: {question}"]),
+    (["--system-prompt", "Be brief."], ["--system_prompt", "Be brief."]),
+    (["--require-boxed"], ["--require_boxed", "true"]),
+    (["--verify-timeout", "2"], ["--verify_timeout", "2"]),
+    (["--score-workers", "1"], ["--score_workers", "1"]),
+    (["--no-progress"], ["--progress", "false"]),
+    (["--output", "OUT"], ["--output_dir", "OUT"]),
+    (["--k", "1,2"], ["--ks", "1,2"]),
+]
+
+
+def parse(argv, tmp_path):
+    from d3s.app.cli import parse_eval_args
+
+    argv = [str(tmp_path) if a == "DATA" else str(tmp_path / "o") if a == "OUT" else a for a in argv]
+    return parse_eval_args(["--model", "m", "--benchmarks", "arith", "--n", "16", *argv])
+
+
+def test_every_config_field_is_an_option_with_help(capsys):
+    from dataclasses import fields
+
+    from d3s.app.cli import EvalCommandArgs, eval_parser
+
+    parser, renamed = eval_parser()
+    options = {o: a for a in parser._actions for o in a.option_strings}
+    for cls in (EvalConfig, EvalCommandArgs):
+        for f in fields(cls):
+            if f.init:
+                assert f"--{f.name}" in options, f.name
+                assert options[f"--{f.name}"].help, f.name
+    assert not [o for o in options if "-" in o[2:]]  # one spelling each: snake_case
+    assert set(renamed.values()) <= set(options)
+    assert main(["eval", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--max_new_tokens MAX_NEW_TOKENS" in out and "(default: 2048)" in out
+    assert "--output_dir" in out and "--ks KS" in out and "--no_progress" in out
+    assert "--max-new-tokens" not in out
+
+
+def test_former_spellings_give_the_same_settings_with_a_note(tmp_path, capsys):
+    old = [a for pair in OLD_AND_NEW for a in pair[0]]
+    new = [a for pair in OLD_AND_NEW for a in pair[1]]
+    new_config, new_command = parse(new, tmp_path)
+    assert capsys.readouterr().err == ""
+    old_config, old_command = parse(old, tmp_path)
+    notes = capsys.readouterr().err.splitlines()
+    assert (old_config, old_command) == (new_config, new_command)
+    assert new_config.ks == (1, 2) and new_config.require_boxed and not new_command.progress
+    assert new_config.output_dir == str(tmp_path / "o")
+    assert "d3s eval: note: --max-new-tokens is now --max_new_tokens" in notes
+    assert "d3s eval: note: --output is now --output_dir" in notes
+    assert "d3s eval: note: --k is now --ks" in notes
+    assert "d3s eval: note: --no-progress is now --no_progress" in notes
+    assert len(notes) == len(OLD_AND_NEW)
+    # `--name=value` too, and one note per spelling however often it is given
+    config, _ = parse(["--top-k=4", "--top-k", "5"], tmp_path)
+    assert config.top_k == 5
+    assert capsys.readouterr().err.splitlines() == ["d3s eval: note: --top-k is now --top_k"]
+
+
+def test_switches_bare_or_with_a_value(tmp_path):
+    config, command = parse([], tmp_path)
+    assert (config.require_boxed, config.overwrite, command.progress) == (False, False, True)
+    config, command = parse(["--require_boxed", "--overwrite", "--no_progress"], tmp_path)
+    assert (config.require_boxed, config.overwrite, command.progress) == (True, True, False)
+    config, command = parse(["--require_boxed", "false", "--overwrite", "true", "--progress", "true"],
+                            tmp_path)
+    assert (config.require_boxed, config.overwrite, command.progress) == (False, True, True)
+
+
+def test_former_spellings_end_to_end(tiny_model, tiny_gsm8k, tmp_path, capsys):
+    new, old = tmp_path / "new", tmp_path / "old"
+    assert main(eval_args(tiny_model, tiny_gsm8k, new, "--n", "2", "--ks", "1,2",
+                          "--batch_size", "4")) == 0
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"gsm8k={tiny_gsm8k}", "--output",
+                 str(old), "--max-new-tokens", "6", "--no-progress", "--score-workers", "1", "--n", "2",
+                 "--k", "1,2", "--batch-size", "4"]) == 0
+    captured = capsys.readouterr()
+    assert f"results: {old}/results.json" in captured.out
+    assert "d3s eval: note: --batch-size is now --batch_size" in captured.err
+    assert read_cache(old) == read_cache(new)
+
+
+def test_a_bad_former_spelling_names_the_current_one(capsys):
+    assert main(["eval", "--model", "m", "--max-new-tokens", "many"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["d3s eval: note: --max-new-tokens is now --max_new_tokens",
+                   "d3s eval: error: argument --max_new_tokens: 'many' is not an integer"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from d3s.cli import main
-from d3s.evaluation.runner import EvalConfig, run_eval
+from d3s.app.cli import main
+from d3s.app.evaluation.runner import EvalConfig, run_eval
 
 
 def one_line_error(capsys, command: str = "eval") -> str:
@@ -21,7 +21,7 @@ def one_line_error(capsys, command: str = "eval") -> str:
 
 
 def run(tiny_model, out, *benchmarks, **settings):
-    config = EvalConfig(model=str(tiny_model), benchmarks=benchmarks, output=str(out), score_workers=1,
+    config = EvalConfig(model=str(tiny_model), benchmarks=benchmarks, output_dir=str(out), score_workers=1,
                         **{"max_new_tokens": 6, **settings})
     return run_eval(config, progress=False)
 
@@ -50,16 +50,16 @@ def test_arith_from_a_file_is_read_not_ignored(tiny_model, tmp_path, capsys):
     assert results["benchmarks"]["arith"]["num_problems"] == 2  # the file's, not the 200 built-in ones
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"question": "What is 2 + 5?", "answer": "7"}\n{"question": \n')
-    assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"arith={broken}", "--n", "1", "--k", "1",
-                 "--output", str(tmp_path / "b"), "--no-progress"]) == 2
+    assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"arith={broken}", "--n", "1", "--ks", "1",
+                 "--output_dir", str(tmp_path / "b"), "--no_progress"]) == 2
     assert f"{broken}:2: not valid JSON" in one_line_error(capsys)
 
 
 def test_a_file_that_is_not_utf8_is_one_line(tiny_model, tmp_path, capsys):
     path = tmp_path / "gsm8k.jsonl"
     path.write_bytes(b'{"question": "ok", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "#### 2"}\n')
-    assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"gsm8k={path}", "--n", "1", "--k", "1",
-                 "--output", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"gsm8k={path}", "--n", "1", "--ks", "1",
+                 "--output_dir", str(tmp_path / "o"), "--no_progress"]) == 2
     assert f"{path}:2: not UTF-8 text (byte 0xe9" in one_line_error(capsys)
 
 
@@ -70,18 +70,18 @@ def test_chat_on_without_a_chat_template_is_one_line(tiny_model, tiny_gsm8k, tmp
     config.pop("chat_template", None)
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
     (plain / "chat_template.jinja").unlink(missing_ok=True)
-    assert main(["eval", "--model", str(plain), "--benchmarks", f"gsm8k={tiny_gsm8k}", "--n", "1", "--k", "1",
-                 "--chat", "on", "--output", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert main(["eval", "--model", str(plain), "--benchmarks", f"gsm8k={tiny_gsm8k}", "--n", "1", "--ks", "1",
+                 "--chat", "on", "--output_dir", str(tmp_path / "o"), "--no_progress"]) == 2
     assert "--chat on, but the model's tokenizer has no chat template" in one_line_error(capsys)
 
 
 def test_a_prompt_past_the_context_is_refused_before_sampling(tiny_model, tiny_gsm8k, tmp_path, capsys):
     # the tiny model's context is 256 tokens; the prompts are about 20
     out = tmp_path / "o"
-    assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"gsm8k={tiny_gsm8k}", "--n", "1", "--k", "1",
-                 "--max-new-tokens", "250", "--output", str(out), "--no-progress"]) == 2
+    assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"gsm8k={tiny_gsm8k}", "--n", "1", "--ks", "1",
+                 "--max_new_tokens", "250", "--output_dir", str(out), "--no_progress"]) == 2
     err = one_line_error(capsys)
-    assert "would pass the model's context of 256 tokens; use --max-new-tokens" in err
+    assert "would pass the model's context of 256 tokens; use --max_new_tokens" in err
     lines = (out / "samples.jsonl").read_text().splitlines()
     assert len(lines) == 1  # the header only: nothing was sampled
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from d3s.evaluation.benchmarks import BenchmarkError
-from d3s.evaluation.report import RESULTS_FORMAT, load_results, render_details, render_table
+from d3s.app.evaluation.benchmarks import BenchmarkError
+from d3s.app.evaluation.report import RESULTS_FORMAT, load_results, render_details, render_table
 
 
 def result(label: str, n: int, counts: dict[str, list[int]]) -> dict:

@@ -23,40 +23,16 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}<assistan
 
 def build_tiny_model(path: Path, scale: float = 30.0) -> Path:
     import torch
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from d3s.app.models import tiny_llama, word_level_tokenizer
 
     vocab = {tok: i for i, tok in enumerate(VOCAB)}
-    backend = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="[UNK]",
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = word_level_tokenizer(VOCAB, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
+                                     chat_template=CHAT_TEMPLATE)
     tokenizer.save_pretrained(path)
 
     hidden = 16  # >= vocab size: one-hot embeddings
-    config = LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=hidden,
-        intermediate_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        pad_token_id=vocab["<pad>"],
-        bos_token_id=vocab["<s>"],
-        eos_token_id=vocab["</s>"],
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = tiny_llama(tokenizer, hidden, 1, intermediate_size=8, num_attention_heads=2, max_position_embeddings=256)
     with torch.no_grad():
         emb = torch.zeros(len(VOCAB), hidden)  # (V, H)
         emb[:, : len(VOCAB)] = torch.eye(len(VOCAB))

@@ -146,7 +146,7 @@ def test_explicit_counts_on_a_variant_follow_one_rule(tmp_path, variant, given, 
 
 
 def test_d3s_train_variant_d1s_with_n_init_trains_with_that_n(tmp_path):
-    from d3s.recipe import parse_train_args
+    from d3s.app.recipe import parse_train_args
 
     _, cfg, _ = parse_train_args(["--config", "smoke", "--variant", "d1s", "--n_init", "2",
                                   "--output_dir", str(tmp_path)])

@@ -21,8 +21,9 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+from d3s.app.models import tiny_llama, word_level_tokenizer  # noqa: E402
 
 DEVICE = os.environ.get("D3S_TEST_DEVICE", "cpu")  # "cuda": the trainer tests on a GPU, fp32
 
@@ -31,34 +32,13 @@ PAD, EOS = 0, 1
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2}
-    for i in range(VOCAB - 3):
-        vocab[f"t{i}"] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    fast.padding_side = "left"
-    return fast
+    return word_level_tokenizer(["<pad>", "<eos>", "<unk>", *(f"t{i}" for i in range(VOCAB - 3))], padding_side="left")
 
 
 def tiny_model(seed: int = 0, hidden_size: int = 32, num_hidden_layers: int = 2) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-        initializer_range=0.3,  # a peaked policy: entropies that differ from token to token
-    )
-    return LlamaForCausalLM(config).float()
+    # initializer_range 0.3: a peaked policy, entropies that differ from token to token
+    return tiny_llama(tiny_tokenizer(), hidden_size, num_hidden_layers, seed=seed, max_position_embeddings=256,
+                      initializer_range=0.3)
 
 
 def prompt_dataset(n: int = 32, prompt_len: int = 3) -> Dataset:

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-# slow as well: not run by scripts/test_vllm.sh (nor CI) until it has passed once on a machine;
-# run it with `bash scripts/test_vllm.sh -m vllm`
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# part of scripts/test_vllm.sh and CI's vLLM stage: about 75 s on 2 CPU cores
+pytestmark = [pytest.mark.vllm]
 
 SCRIPT = Path(__file__).with_name("vllm_two_process_run.py")
 

@@ -121,44 +121,22 @@ def clear_leaked_env() -> None:
 
 def tiny_tokenizer():
     """A word-level tokenizer over "t0".."t60", built in code (no download)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from d3s.app.models import word_level_tokenizer
 
-    vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2}
-    for i in range(VOCAB - 3):
-        vocab[f"t{i}"] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    fast.padding_side = "left"
-    return fast
+    return word_level_tokenizer(["<pad>", "<eos>", "<unk>", *(f"t{i}" for i in range(VOCAB - 3))], padding_side="left")
 
 
 def save_tiny_model(folder: str | Path, seed: int = 0, hidden_size: int = 128, num_hidden_layers: int = 2) -> str:
     """A random Llama saved in float32 with its tokenizer; returns the folder (TRL and vLLM load it by path)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from d3s.app.models import tiny_llama
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-        initializer_range=0.1,  # a policy peaked enough for entropies to differ, random enough to explore
-        dtype="float32",
-    )
+    tokenizer = tiny_tokenizer()
+    # initializer_range 0.1: a policy peaked enough for entropies to differ, random enough to explore
+    model = tiny_llama(tokenizer, hidden_size, num_hidden_layers, seed=seed, max_position_embeddings=64,
+                       initializer_range=0.1, dtype="float32")
     folder = str(folder)
-    LlamaForCausalLM(config).float().save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return folder
 
 

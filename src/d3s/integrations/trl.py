@@ -1,7 +1,7 @@
 """TRL glue: `D3SConfig` and `D3SGRPOTrainer`, drop-ins for TRL's `GRPOConfig` and `GRPOTrainer`.
 
-Thin on purpose: the maths (selection, token mask, schedule, loss) is the core's (`d3s.sampling`,
-`d3s.tokens`, `d3s.schedule`, `d3s.loss`) and the batch arithmetic is `d3s.batch`'s; this module
+Thin on purpose: the maths (selection, token mask, schedule, loss) is the core's (`d3s.rollout_selection`,
+`d3s.token_selection`, `d3s.schedule`, `d3s.loss`) and the batch arithmetic is `d3s.batch`'s; this module
 moves TRL's tensors in and out of them. See docs/method.md for the method and docs/trl.md for use.
 
 With nothing down-sampled (`variant="grpo"` or `"gspo"`) the trainer IS TRL's: its generation,
@@ -76,7 +76,7 @@ from d3s import (
     top_tokens_mask,
 )
 from d3s.batch import deal_rows, last_used_column, loss_denominator, sampler_correction_ratio
-from d3s.tokens import LOWEST_SCORE
+from d3s.token_selection import LOWEST_SCORE
 
 TRL_VERSION_RANGE = (Version("1.16.0"), Version("1.17"))
 """TRL versions this glue was verified against: [1.16.0, 1.17)."""

@@ -12,9 +12,9 @@ import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, Sequence
 
-from .benchmarks import UsageError
+from d3s.app.errors import UsageError
 
 Backend = Literal["auto", "transformers", "vllm"]
 
@@ -86,7 +86,7 @@ class TransformersSampler:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as e:
             raise ImportError("d3s eval needs transformers: pip install 'd3s[eval]'") from e
-        from d3s.models import is_missing_local_model
+        from d3s.app.models import is_missing_local_model
 
         if is_missing_local_model(model):
             raise ModelLoadError(f"model folder {model!r} does not exist")
@@ -103,10 +103,28 @@ class TransformersSampler:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._setup(batch_size)
+
+    def _setup(self, batch_size: int) -> None:
         self.batch_size = batch_size
         self.add_special_tokens = True
         self.context_length: int | None = getattr(self.model.config, "max_position_embeddings", None)
         """Most tokens (prompt + completion) the model handles; None when its config does not say."""
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, *, batch_size: int) -> TransformersSampler:
+        """A sampler over a model already in memory (the one `d3s train` is training), on its device.
+
+        The caller owns the model's train/eval mode and the tokenizer's padding side (left, for
+        generation). As in `d3s eval`, special tokens are added to plain prompts only: a chat
+        template already carries them."""
+        from .prompts import has_chat_template
+
+        self = cls.__new__(cls)
+        self.model, self.tokenizer, self.device = model, tokenizer, str(model.device)
+        self._setup(batch_size)
+        self.add_special_tokens = not has_chat_template(tokenizer)
+        return self
 
     def sample(self, prompts: list[str], settings: SamplingSettings, seed: int) -> list[list[str]]:
         import torch
@@ -125,7 +143,8 @@ class TransformersSampler:
             )
         else:  # silence sampling-only settings a model's generation_config may carry
             gen_kwargs.update(temperature=None, top_p=None, top_k=None)
-        torch.manual_seed(seed)
+        if not greedy:  # greedy decoding draws nothing: leave the caller's random state alone
+            torch.manual_seed(seed)
         for start in range(0, len(flat), self.batch_size):
             chunk = flat[start : start + self.batch_size]
             enc = self.tokenizer(
@@ -198,3 +217,14 @@ def make_sampler(
 def problems_per_call(n: int, batch_size: int) -> int:
     """How many problems one `sample` call takes: enough to fill a batch, at least one."""
     return max(1, math.floor(batch_size / n))
+
+
+def call_plan(prompts: Sequence[str], per_call: int) -> list[list[int]]:
+    """The `sample` calls for `prompts`: indices ordered by prompt length (stable), `per_call` per call.
+
+    Prompts of similar length share a generate batch, so little of it is padding. `d3s eval` and the
+    held-out evaluation of `d3s train` both sample through this plan: the same problems, prompts,
+    batch size and model give the same batches, hence the same greedy completions.
+    """
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    return [order[start : start + per_call] for start in range(0, len(order), per_call)]

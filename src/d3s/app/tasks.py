@@ -1,7 +1,14 @@
-"""The embedded task of `d3s train` and its held-out benchmark `arith`.
+"""The tasks of `d3s train`: what a problem is, how it is asked, and how an answer is scored.
 
-One module defines the task so that training and evaluation cannot drift apart: the generator
-configuration (reasoning-gym `basic_arithmetic`), the seeds, the prompt, and the reward.
+Two tasks, one home, so that training and evaluation cannot drift apart:
+
+- `arith` (the embedded default): reasoning-gym `basic_arithmetic` problems generated offline, its
+  generator configuration, seeds, prompt and numeric reward; also `d3s eval`'s benchmark `arith`;
+- `math`: `{question, answer}` rows of a dataset file or hub dataset (`load_math_rows`), the last
+  `heldout_size` rows held out, scored by math-verify.
+
+`build_task` turns a run's settings into a `TaskData`: training rows, held-out problems, prompt
+instruction, reward function and scorer.
 
 Train / held-out disjointness. Held-out problems come from `heldout_seed`, training problems from
 `train_seed`, and every training problem whose canonical form (`canonical_key`) equals a held-out
@@ -19,7 +26,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from d3s.app.recipe import RunArgs
 
 ARITH_INSTRUCTION = "Answer with only the final number."
 
@@ -138,6 +149,24 @@ def canonical_key(expression: str) -> str:
     return "".join(tokens)
 
 
+def _draw(config: ArithmeticTaskConfig, seed: int, want: int, max_draws: int,
+          accept: Callable[[dict[str, str]], bool | None]) -> tuple[list[dict[str, str]], int]:
+    """Problems of the seed's stream that `accept` takes, until `want` of them, `max_draws` draws, or
+    `accept` returns None (give up). Returns the problems and the number of draws."""
+    problems: list[dict[str, str]] = []
+    draws = 0
+    for problem in iter_problems(config, seed, max_draws):
+        draws += 1
+        verdict = accept(problem)
+        if verdict is None:
+            break
+        if verdict:
+            problems.append(problem)
+            if len(problems) == want:
+                break
+    return problems, draws
+
+
 def _distinct_problems(config: ArithmeticTaskConfig, seed: int, count: int, exclude: set[str]):
     """First `count` problems of the seed's stream with distinct keys not in `exclude`.
 
@@ -145,27 +174,26 @@ def _distinct_problems(config: ArithmeticTaskConfig, seed: int, count: int, excl
     row bring nothing new: the task space is then (with probability about 1 - e^-20) used up, and
     drawing on would only take minutes to fail.
     """
-    max_draws = max(1000, 100 * count)
-    problems, seen = [], set(exclude)
-    stale = draws = 0
-    for problem in iter_problems(config, seed, max_draws):
-        draws += 1
+    seen, stale = set(exclude), 0
+
+    def new_key(problem: dict[str, str]) -> bool | None:
+        nonlocal stale
         key = canonical_key(problem["expression"])
-        if key in seen:
-            stale += 1
-            if stale >= max(2000, 20 * len(seen)):
-                break
-            continue
-        stale = 0
-        seen.add(key)
-        problems.append(problem)
-        if len(problems) == count:
-            return problems
-    raise ValueError(
-        f"only {len(problems)} distinct problems (of {count} asked) in {draws} draws with "
-        f"seed={seed} for {config.generator_kwargs()}; make the task larger (more digits or "
-        "terms) or ask for fewer problems"
-    )
+        if key not in seen:
+            seen.add(key)
+            stale = 0
+            return True
+        stale += 1
+        return None if stale >= max(2000, 20 * len(seen)) else False
+
+    problems, draws = _draw(config, seed, count, max(1000, 100 * count), new_key)
+    if len(problems) < count:
+        raise ValueError(
+            f"only {len(problems)} distinct problems (of {count} asked) in {draws} draws with "
+            f"seed={seed} for {config.generator_kwargs()}; make the task larger (more digits or "
+            "terms) or ask for fewer problems"
+        )
+    return problems
 
 
 def heldout_problems(config: ArithmeticTaskConfig) -> list[dict[str, str]]:
@@ -185,17 +213,14 @@ def train_problems(config: ArithmeticTaskConfig, size: int) -> list[dict[str, st
     when held-out problems cover the whole task space.
     """
     banned = heldout_keys(config)
-    out: list[dict[str, str]] = []
     draws = max(1000, 4 * size)
-    for problem in iter_problems(config, config.train_seed, draws):
-        if canonical_key(problem["expression"]) not in banned:
-            out.append(problem)
-            if len(out) == size:
-                return out
-    raise ValueError(
-        f"only {len(out)} of {draws} training draws avoid the {len(banned)} held-out problems "
-        f"for {config.generator_kwargs()}; make the task larger or heldout_size smaller"
-    )
+    out, _ = _draw(config, config.train_seed, size, draws, lambda p: canonical_key(p["expression"]) not in banned)
+    if len(out) < size:
+        raise ValueError(
+            f"only {len(out)} of {draws} training draws avoid the {len(banned)} held-out problems "
+            f"for {config.generator_kwargs()}; make the task larger or heldout_size smaller"
+        )
+    return out
 
 
 def prompt_text(question: str, instruction: str = ARITH_INSTRUCTION) -> str:
@@ -215,12 +240,12 @@ def prompt_messages(question: str, instruction: str = ARITH_INSTRUCTION) -> list
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (braces balanced), or None."""
-    start = text.rfind("\\boxed{")
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` or `\\fbox{...}` with balanced braces, or None."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
     if start < 0:
         return None
-    i, depth = start + len("\\boxed{"), 1
+    i, depth = text.index("{", start) + 1, 1
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
@@ -230,7 +255,7 @@ def _last_boxed(text: str) -> str | None:
 
 def extract_final_number(text: str) -> float | None:
     """The number a completion answers: in its last `\\boxed{}` if any, else its last number."""
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     source = boxed if boxed is not None else text
     matches = _NUMBER_RE.findall(source.replace(",", ""))
     if not matches:
@@ -277,3 +302,134 @@ def arith_reward(
             f"{len(completions)} completions but {len(answer)} answers; they must align"
         )
     return [score_arith(_completion_text(c), a) for c, a in zip(completions, answer)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The math-dataset task, and a run's task
+# ---------------------------------------------------------------------------------------------
+
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass
+class TaskData:
+    """A task as the run needs it: training rows, held-out problems, reward and scorer."""
+
+    name: str
+    train: list[dict]  # {"question", "answer"}
+    heldout: list[dict]  # {"question", "answer"}, disjoint from train
+    instruction: str
+    reward: Callable  # TRL reward function (completions, answer=..., **columns) -> list[float]
+    score: Callable[[str, str], float]  # (completion, gold answer) -> 0.0 / 1.0
+    key: dict  # what identifies the held-out set, for the cached base-model score
+
+
+def math_reward(completions, answer, **_) -> list[float]:
+    """math-verify reward: 1.0 when the completion's final answer equals the gold one, else 0.0."""
+    from d3s.app.evaluation.scoring import score_math
+
+    return [score_math(_completion_text(c), str(a)).value for c, a in zip(completions, answer)]
+
+
+def _json_rows(path: Path) -> list[tuple[int, Any]]:
+    """`(line number, value)` of each row of a .jsonl file (or a .json file holding an array, or JSON lines)."""
+    from d3s.app.jsonfiles import BadJsonLine, NotUtf8, json_document, json_lines, utf8_text
+    from d3s.app.recipe import RecipeError
+
+    try:
+        text = utf8_text(path.read_bytes())
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            return [(0, row) for row in json_document(text)]
+        return list(json_lines(text))
+    except (NotUtf8, BadJsonLine) as err:
+        raise RecipeError(f"dataset {path} {err}") from None
+
+
+def load_math_rows(run: RunArgs) -> list[dict]:
+    """The `{question, answer}` rows of a task=math dataset; a bad file, row or column is a one-line error
+    naming the file, the line and the column."""
+    from d3s.app.recipe import RecipeError
+
+    fields = {"question_field": run.question_field, "answer_field": run.answer_field}
+    path = Path(run.dataset).expanduser()
+    if path.suffix in (".json", ".jsonl") or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
+        if path.suffix in (".json", ".jsonl"):
+            numbered = _json_rows(path)
+            where = lambda n, i: f"dataset {path} line {n}" if n else f"dataset {path} item {i}"  # noqa: E731
+        elif path.suffix == ".parquet":
+            from datasets import load_dataset
+
+            try:
+                ds = load_dataset("parquet", data_files=str(path), split="train")
+            except Exception as err:  # noqa: BLE001 - pyarrow raises many kinds for a bad file
+                raise RecipeError(f"dataset {path}: not a readable parquet file ({type(err).__name__})") from None
+            numbered = [(0, row) for row in ds]
+            where = lambda n, i: f"dataset {path} row {i}"  # noqa: E731
+        else:
+            raise RecipeError(f"dataset file {path} must be .json, .jsonl or .parquet, not {path.suffix or 'no suffix'!r}")
+    else:
+        from datasets import load_dataset
+
+        try:
+            ds = load_dataset(run.dataset, split=run.dataset_split)
+        except (OSError, ConnectionError) as err:
+            raise FileNotFoundError(
+                f"could not load dataset {run.dataset!r} ({type(err).__name__}); without hub access pass a local "
+                ".json/.jsonl/.parquet file"
+            ) from None
+        except ValueError as err:  # e.g. an unknown split
+            raise RecipeError(f"dataset {run.dataset!r}: {str(err).splitlines()[0]}") from None
+        missing = [f for f in fields.values() if f not in ds.column_names]
+        if missing:
+            name = next(k for k, v in fields.items() if v == missing[0])
+            raise RecipeError(f"dataset {run.dataset!r} has no column {missing[0]!r} ({name}); columns: "
+                              f"{', '.join(ds.column_names)}")
+        numbered = [(0, row) for row in ds]
+        where = lambda n, i: f"dataset {run.dataset!r} row {i}"  # noqa: E731
+    rows = []
+    for i, (number, row) in enumerate(numbered):
+        if not isinstance(row, dict):
+            raise RecipeError(f"{where(number, i)}: a row is a JSON object, got {type(row).__name__}")
+        values = {}
+        for name, column in fields.items():
+            if column not in row:
+                raise RecipeError(f"{where(number, i)}: no column {column!r} ({name}); the row has "
+                                  f"{', '.join(map(str, row)) or 'no columns'}")
+            value = row[column]
+            if value is None or isinstance(value, (list, dict)) or not str(value).strip():
+                raise RecipeError(f"{where(number, i)}: column {column!r} is {value!r}; expected a non-empty "
+                                  "string or number")
+            values[name] = str(value)
+        rows.append({"question": values["question_field"], "answer": values["answer_field"]})
+    return rows
+
+
+def build_task(run: RunArgs, n_train: int) -> TaskData:
+    """The run's task: `n_train` training problems (a stream, may repeat) and the held-out set."""
+    if run.task == "arith":
+        from d3s.app.recipe import RecipeError
+
+        config = run.task_config()
+        try:
+            train, heldout = train_problems(config, n_train), heldout_problems(config)
+        except ValueError as err:  # a task space too small for the held-out set
+            raise RecipeError(f"arith task: {err}") from None
+        return TaskData("arith", train, heldout, config.instruction, arith_reward, score_arith,
+                        {"task": asdict(config)})
+    rows = load_math_rows(run)
+    if len(rows) <= run.heldout_size:
+        from d3s.app.recipe import RecipeError
+
+        raise RecipeError(f"dataset {run.dataset!r} has {len(rows)} rows, not more than heldout_size="
+                          f"{run.heldout_size}; lower heldout_size or use a larger dataset")
+    heldout, train = rows[-run.heldout_size :], rows[: -run.heldout_size]
+
+    def score(completion: str, gold: str) -> float:
+        from d3s.app.evaluation.scoring import score_math
+
+        return score_math(completion, gold).value
+
+    return TaskData("math", train, heldout, run.instruction or MATH_INSTRUCTION, math_reward, score,
+                    {"dataset": run.dataset, "split": run.dataset_split, "heldout": heldout})

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from d3s import tasks
+from d3s.app import tasks
 
-from .benchmarks import UsageError
+from d3s.app.errors import UsageError
 
 ChatMode = Literal["auto", "on", "off"]
 
-BOXED_TEMPLATE = (
-    "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
-)
+BOXED_TEMPLATE = "{question}\n" + tasks.MATH_INSTRUCTION
 """Qwen2.5-Math's chain-of-thought instruction, the usual one for math-verify scoring."""
 
 ARITH_TEMPLATE = "{question} " + tasks.ARITH_INSTRUCTION
-"""The embedded task's own prompt (identical to `d3s.tasks.prompt_text`)."""
+"""The embedded task's own prompt (identical to `d3s.app.tasks.prompt_text`)."""
 
 
 def default_template(benchmark: str) -> str:

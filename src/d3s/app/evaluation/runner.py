@@ -9,7 +9,7 @@ folder layout:
 
 Resuming: the cache's first line records the settings that change completions or scores; a rerun
 with the same settings skips every cached problem, with different ones it stops with an error
-(use --overwrite or another --output). A line cut off by an interrupt is dropped.
+(use --overwrite or another --output_dir). A line cut off by an interrupt is dropped.
 """
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ import json
 import os
 import re
 import sys
+import warnings
 import zlib
 from concurrent.futures import Executor, ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence, get_args
+
+from d3s.app.jsonfiles import BadJsonLine, json_lines
 
 from .aggregate import average_metrics, benchmark_metrics
 from .benchmarks import (
@@ -39,6 +42,7 @@ from .generation import (
     ModelLoadError,
     Sampler,
     SamplingSettings,
+    call_plan,
     make_sampler,
     problems_per_call,
 )
@@ -48,21 +52,29 @@ from .scoring import score_job
 
 CACHE_NAME = "samples.jsonl"
 
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
 
 @dataclass
 class EvalConfig:
-    """Settings of one `d3s eval` run (validated once, in `__post_init__`)."""
+    """Settings of one `d3s eval` run (validated once, in `__post_init__`).
+
+    The fields are also the command's options (`--max_new_tokens 48`), help text included: the
+    docstring under each field is its help.
+    """
 
     model: str
-    """Local checkpoint folder or hub model name."""
+    """Local checkpoint folder or hub model name; `embedded`: the base model of the default
+    `d3s train` run (SmolLM2-135M-Instruct), `tiny`: a random 2-layer model for smoke runs."""
     benchmarks: tuple[str, ...] = PAPER_BENCHMARKS
-    """Benchmark names; `name=PATH` reads that benchmark from a local file or folder."""
+    """Benchmark names, comma-separated; `name=PATH` reads that benchmark from a local file or
+    folder."""
     n: int = 32
     """Completions sampled per problem (the paper: 32)."""
     ks: tuple[int, ...] = (1, 8, 16)
-    """k values of pass@k (the paper: 1, 8, 16); each <= n."""
-    output: str | None = None
-    """Output folder; default `eval_results/<model name>`."""
+    """k values of pass@k, comma-separated (the paper: 1, 8, 16); each <= n."""
+    output_dir: str | None = None
+    """Output folder (cache and results); default `eval_results/<model name>`."""
     max_new_tokens: int = 2048
     """Completion length limit in tokens."""
     temperature: float = 1.0
@@ -84,7 +96,7 @@ class EvalConfig:
     `vllm`."""
     device: str = "auto"
     """`auto`, `cpu`, `cuda`, `cuda:1`, ..."""
-    dtype: str = "auto"
+    dtype: DType = "auto"
     """`auto` (bfloat16 on GPU, float32 on CPU), `float32`, `bfloat16`, `float16`."""
     prompt_template: str | None = None
     """User message with a `{question}` placeholder; default: the benchmark's own (a
@@ -94,7 +106,8 @@ class EvalConfig:
     system_prompt: str | None = None
     """Optional system message."""
     require_boxed: bool = False
-    """Score 0 for completions without `\\boxed{}` (default: math-verify's own extraction)."""
+    """Score 0 for completions without `\\boxed{}`; when false, math-verify's own extraction finds
+    the answer."""
     verify_timeout: int = 5
     """Seconds math-verify may spend on one parse / comparison before it scores 0."""
     label: str | None = None
@@ -106,8 +119,13 @@ class EvalConfig:
     default: half the CPU cores, at most 8; 1 scores in the main process."""
     benchmark_paths: dict[str, str] = field(default_factory=dict, init=False)
     """Filled from `name=PATH` entries of `benchmarks`."""
+    output: InitVar[str | None] = None
+    """The former name of `output_dir` (accepted with a DeprecationWarning)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, output: str | None = None) -> None:
+        if output is not None:
+            warnings.warn("EvalConfig(output=...) is now EvalConfig(output_dir=...)", DeprecationWarning, stacklevel=3)
+            self.output_dir = self.output_dir or output
         if isinstance(self.benchmarks, str):
             self.benchmarks = tuple(b for b in self.benchmarks.split(",") if b.strip())
         if not self.benchmarks:
@@ -151,15 +169,17 @@ class EvalConfig:
             raise UsageError(f"backend={self.backend!r}; valid: auto, transformers, vllm")
         if self.chat not in ("auto", "on", "off"):
             raise UsageError(f"chat={self.chat!r}; valid: auto, on, off")
+        if self.dtype not in get_args(DType):
+            raise UsageError(f"dtype={self.dtype!r}; valid: {', '.join(get_args(DType))}")
         if self.prompt_template is not None and "{question}" not in self.prompt_template:
             raise UsageError(
                 f"prompt_template {self.prompt_template!r:.60} has no {{question}} placeholder"
             )
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
-            raise UsageError(f"--data-dir {self.data_dir} is not a folder")
-        if self.output is None:
+            raise UsageError(f"--data_dir {self.data_dir} is not a folder")
+        if self.output_dir is None:
             slug = re.sub(r"[^A-Za-z0-9._-]+", "_", self.model.rstrip("/").split("/")[-1])
-            self.output = str(Path("eval_results") / (slug or "model"))
+            self.output_dir = str(Path("eval_results") / (slug or "model"))
         if self.label is None:
             self.label = self.model.rstrip("/").split("/")[-1] or self.model
 
@@ -208,16 +228,10 @@ class SampleCache:
             with self.path.open("r+b") as f:
                 f.truncate(keep)
             raw = raw[:keep]
-        parsed = []
-        for i, line in enumerate(raw.decode("utf-8").splitlines()):
-            if not line.strip():
-                continue
-            try:
-                parsed.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise UsageError(
-                    f"{self.path}:{i + 1}: corrupt cache line ({e.msg}); use --overwrite"
-                ) from e
+        try:
+            parsed = [record for _, record in json_lines(raw.decode("utf-8"))]
+        except BadJsonLine as e:
+            raise UsageError(f"{self.path}:{e.line}: corrupt cache line ({e.msg}); use --overwrite") from e
         if not parsed or parsed[0].get("type") != "header":
             raise UsageError(f"{self.path} is not a d3s eval cache; use --overwrite")
         old = parsed[0]["fingerprint"]
@@ -226,7 +240,7 @@ class SampleCache:
         if diff:
             raise UsageError(
                 f"{self.path} was written with other settings ({'; '.join(diff)}); "
-                "pass --overwrite to discard it or choose another --output"
+                "pass --overwrite to discard it or choose another --output_dir"
             )
         for rec in parsed[1:]:
             self.records[(rec["benchmark"], rec["problem_id"])] = rec
@@ -264,9 +278,9 @@ def _call_seed(seed: int, problem: Problem) -> int:
 
 
 def model_path(model: str) -> str:
-    """`embedded` / `tiny`: the models of `d3s train` (see `d3s.models`); anything else as is."""
+    """`embedded` / `tiny`: the models of `d3s train` (see `d3s.app.models`); anything else as is."""
     if model in ("embedded", "tiny"):
-        from d3s.models import resolve_model
+        from d3s.app.models import resolve_model
 
         try:
             return resolve_model(model)
@@ -332,10 +346,10 @@ def check_context(config: EvalConfig, sampler: Sampler, todo: dict[str, list[Pro
         length = len(ids[longest])
         if length + config.max_new_tokens > limit:
             room = limit - length
-            fix = f"--max-new-tokens {room} or less" if room > 0 else "a shorter --prompt-template"
+            fix = f"--max_new_tokens {room} or less" if room > 0 else "a shorter --prompt_template"
             raise UsageError(
                 f"{name} problem {pending[longest].problem_id}: the prompt is {length} tokens and "
-                f"--max-new-tokens {config.max_new_tokens} more would pass the model's context of "
+                f"--max_new_tokens {config.max_new_tokens} more would pass the model's context of "
                 f"{limit} tokens; use {fix} (or --limit / another benchmark)"
             )
 
@@ -351,19 +365,21 @@ def _sample_and_score(
 ) -> None:
     """Sample `step` problems per call, score them, append each finished problem to the cache.
 
-    The calls are a fixed partition of each benchmark's full problem list, seeded by their first
-    problem: a resumed run makes exactly the calls an uninterrupted one makes. A call whose problems
-    are all cached is skipped; one cut short (some cached) is sampled again in full, so that every
+    The calls are a fixed partition of each benchmark's full problem list (`call_plan`: ordered by
+    prompt length, as `d3s train`'s held-out evaluation does), seeded by their first problem: a
+    resumed run makes exactly the calls an uninterrupted one makes. A call whose problems are all
+    cached is skipped; one cut short (some cached) is sampled again in full, so that every
     completion comes from the same call, seed and batch as without the interruption.
     """
     for name, every in problems.items():
-        for start in range(0, len(every), step):
-            chunk = every[start : start + step]
+        all_prompts = [_prompt(config, sampler, name, p) for p in every]
+        for call in call_plan(all_prompts, step):
+            chunk = [every[i] for i in call]
             missing = [cache.get(p) is None for p in chunk]
             if not any(missing):
                 continue
             bar.set_postfix_str(name)
-            prompts = [_prompt(config, sampler, name, p) for p in chunk]
+            prompts = [all_prompts[i] for i in call]
             seed = _call_seed(config.seed, chunk[0])
             outputs = sampler.sample(prompts, config.sampling(), seed)
             if len(outputs) != len(chunk) or any(len(o) != config.n for o in outputs):
@@ -384,7 +400,7 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate, resuming from the output folder's cache; write and return the results dict."""
     problems = load_problems(config)
-    out_dir = Path(config.output)
+    out_dir = Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = SampleCache(out_dir / CACHE_NAME, config.fingerprint(), config.overwrite)
 

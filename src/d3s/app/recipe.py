@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from d3s.app.errors import UsageError
+
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_RECIPE = "default"
 
 
-class RecipeError(ValueError):
+class RecipeError(UsageError):
     """A recipe or command line that cannot be used; the message is one line for the user."""
 
 
@@ -106,7 +108,7 @@ class RunArgs:
                                   .replace("train_seed=", "task_train_seed=")) from None
 
     def task_config(self):
-        from d3s.tasks import ArithmeticTaskConfig
+        from d3s.app.tasks import ArithmeticTaskConfig
 
         kwargs = {"instruction": self.instruction} if self.instruction else {}
         return ArithmeticTaskConfig(
@@ -117,7 +119,7 @@ class RunArgs:
 
 
 def recipe_path(name_or_path: str) -> Path:
-    """A recipe file: a path, or the name of a recipe shipped in `d3s/recipes/`."""
+    """A recipe file: a path, or the name of a recipe shipped in `d3s/app/recipes/` (`recipes/` in the repository)."""
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path

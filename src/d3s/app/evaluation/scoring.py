@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from d3s import tasks
+from d3s.app import tasks
 
 from .benchmarks import Scorer
 

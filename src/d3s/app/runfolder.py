@@ -9,7 +9,7 @@ What a run guarantees about its folder (docs/reliability.md says how each is tes
   crashed or killed run never leaves it stuck.
 - its records are replaced atomically (`atomic_write_text`: a temporary file, fsync, rename).
 - a checkpoint is written into `.staging/checkpoint-N` and renamed into place once complete, so a
-  kill during a save leaves no half `checkpoint-N` (see `d3s.train`), and `complete_checkpoints`
+  kill during a save leaves no half `checkpoint-N` (see `d3s.app.train`), and `complete_checkpoints`
   checks every file a resume needs before it is used, newest first.
 - a resume refuses a recipe that changes training (`training_changes`).
 """
@@ -26,7 +26,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from d3s.recipe import RecipeError
+from d3s.app.recipe import RecipeError
 
 LOCK_NAME = ".d3s-run.lock"
 STAGING_NAME = ".staging"
@@ -294,6 +294,28 @@ def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     return changed, free
 
 
+def code_version() -> str:
+    """The d3s version that runs: the package version, plus `+g<commit>` when the package is a git checkout
+    (and `.dirty` when its `src/` has uncommitted changes). Recorded with every run, so that results
+    made by different code are never mixed without saying so."""
+    import subprocess
+
+    import d3s
+
+    version = d3s.__version__
+    src = Path(d3s.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "--short=10", "HEAD"], capture_output=True,
+                                text=True, timeout=10)
+        if commit.returncode != 0 or not commit.stdout.strip():
+            return version
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--", str(src)], capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return version
+    return f"{version}+g{commit.stdout.strip()}" + (".dirty" if dirty.stdout.strip() else "")
+
+
 # ---------------------------------------------------------------------------------------------
 # Records
 # ---------------------------------------------------------------------------------------------
@@ -324,3 +346,24 @@ def read_run_records(path: Path, *, warn=None) -> list[dict]:
                                  "remove or repair that line")
         records.append(rec)
     return records
+
+
+def with_computed_tokens(records: list[dict]) -> list[dict]:
+    """Records with the cumulative `computed_tokens` (training-forward positions so far). Runs recorded
+    before `d3s train` wrote it get it summed here from each step's `d3s/tokens_computed`."""
+    if all("computed_tokens" in r for r in records):
+        return records
+    total, out = 0.0, []
+    for r in records:
+        if r.get("type") == "train":
+            total += r.get("d3s/tokens_computed") or 0.0
+        out.append({**r, "computed_tokens": total})
+    return out
+
+
+def no_signal_share(records: list[dict]) -> float | None:
+    """Share of training steps in which every group had equal rewards (`frac_reward_zero_std` = 1): their
+    gradient is zero for every variant."""
+    steps = [r.get("frac_reward_zero_std") for r in records if r.get("type") == "train"]
+    steps = [s for s in steps if s is not None]
+    return sum(s >= 1.0 - 1e-9 for s in steps) / len(steps) if steps else None

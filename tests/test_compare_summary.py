@@ -1,0 +1,70 @@
+"""`d3s compare`'s tables from run folders: intervals over seeds, paired differences, cost to target,
+steps with no signal, code versions (synthetic runs with known numbers, checked by hand)."""
+
+import json
+import math
+import statistics
+
+import pytest
+
+from d3s.app.compare import mean_interval, render_markdown, summarize, t_quantile_975
+from d3s.app.runfolder import no_signal_share
+
+
+def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1.0, 0.0)):
+    """A finished run: train steps 1-4 (each computing 100 positions), evaluations at 0, 2 and 4."""
+    folder.mkdir(parents=True)
+    records = [{"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "accuracy": curve[0]}]
+    for step in range(1, 5):
+        records.append({"type": "train", "step": step, "wall_s": 60.0 * step, "trained_tokens": 10.0 * step,
+                        "d3s/tokens_computed": 100.0, "frac_reward_zero_std": zero_std[step - 1]})
+        if step % 2 == 0:
+            records.append({"type": "eval", "step": step, "wall_s": 60.0 * step, "trained_tokens": 10.0 * step,
+                            "accuracy": curve[step // 2]})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"after": {"accuracy": final, "correct": round(final * 200), "n": 200}, "before": {"accuracy": 0.4},
+               "train_wall_s": 240.0, "trained_tokens": 40.0, "code_version": version}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_t_interval_against_the_closed_form():
+    assert t_quantile_975(1) == 12.706 and t_quantile_975(2) == 4.303
+    values = [0.5, 0.6, 0.7]
+    low, high = mean_interval(values)
+    half = 4.303 * statistics.stdev(values) / math.sqrt(3)
+    assert (low, high) == pytest.approx((0.6 - half, 0.6 + half))
+    assert mean_interval([0.5]) is None
+
+
+def test_no_signal_share_counts_steps_where_every_group_is_flat():
+    records = [{"type": "train", "frac_reward_zero_std": v} for v in (1.0, 0.5, 1.0, 0.0)] + [{"type": "eval"}]
+    assert no_signal_share(records) == 0.5
+
+
+def test_summary_tables(tmp_path):
+    finals = {"grpo": [0.60, 0.50, 0.70], "d3s": [0.65, 0.50, 0.80]}
+    for seed in (1, 2, 3):
+        _write_run(tmp_path / f"grpo-seed{seed}", finals["grpo"][seed - 1], [0.4, 0.5, finals["grpo"][seed - 1]])
+        _write_run(tmp_path / f"d3s-seed{seed}", finals["d3s"][seed - 1], [0.4, 0.7, finals["d3s"][seed - 1]],
+                   version="0.1.0+gdef" if seed == 3 else "0.1.0+gabc")
+    summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2, 3])
+    d3s = summary["variants"]["d3s"]
+    assert summary["target_accuracy"] == pytest.approx(0.6)
+    assert d3s["final_accuracy_mean"] == pytest.approx(0.65)
+    diffs = [0.05, 0.0, 0.10]  # paired by seed
+    assert d3s["diff_to_reference_mean"] == pytest.approx(statistics.mean(diffs))
+    assert d3s["diff_to_reference_ci95"] == pytest.approx(list(mean_interval(diffs)))
+    # d3s reaches 60% at its step-2 evaluation in every seed: 120 s, 2 steps x 100 positions
+    assert d3s["seeds_reaching_target"] == 3
+    assert d3s["wall_s_to_target_mean"] == 120.0 and d3s["computed_to_target_mean"] == 200.0
+    # grpo: 0.5 at step 2 everywhere, so it reaches 60% at step 4 in seeds 1 and 3 only
+    grpo = summary["variants"]["grpo"]
+    assert grpo["seeds_reaching_target"] == 2 and grpo["computed_to_target_mean"] == 400.0
+    assert d3s["speedup_computed"] == pytest.approx(2.0) and d3s["speedup_wall"] == pytest.approx(2.0)
+    assert d3s["no_signal_share_mean"] == 0.25
+    assert d3s["computed_tokens_mean"] == 400.0
+    assert summary["code_versions"] == ["0.1.0+gabc", "0.1.0+gdef"]
+    md = render_markdown(summary, "d3s compare ...")
+    assert "**The runs were made by different code versions**" in md and "seed 3 `0.1.0+gdef`" in md
+    assert "| d3s | 65.0% |" in md and "| +5.0 |" in md
+    assert "Recipe not recorded, so not checked against this command: grpo seed 1" in md
