@@ -40,6 +40,15 @@ def _use_cache(cache, monkeypatch):
     monkeypatch.setenv("D3S_CACHE", str(cache))
 
 
+@pytest.fixture(autouse=True)
+def _sigint_raises():
+    """SIGINT raises KeyboardInterrupt, as at a terminal, also when the suite runs as a background job of a
+    non-interactive shell (which starts it with SIGINT ignored, so a simulated Ctrl-C would do nothing)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def train(out: Path, *extra: str) -> int:
     return cli.main(["train", "--config", "smoke", "--output_dir", str(out), *extra])
 
