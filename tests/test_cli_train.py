@@ -45,6 +45,14 @@ def test_smoke_train_writes_everything(tmp_path):
     # cumulative training-forward positions, and the share of steps whose groups all had equal rewards
     assert summary["computed_tokens"] == sum(r["d3s/tokens_computed"] for r in train_recs) > 0
     assert summary["no_signal_steps"] == sum(r["frac_reward_zero_std"] == 1.0 for r in train_recs) / 4
+    # where a step's time goes: the timed parts add up to TRL's step_time, step by step and on average
+    parts = ("generation", "selection", "kl_monitor", "forward", "backward")
+    for r in train_recs:
+        assert sum(r[f"d3s/time/{p}"] for p in parts) == pytest.approx(r["step_time"], rel=1e-6)
+    seconds = summary["step_seconds"]
+    assert seconds["step"] == pytest.approx(sum(r["step_time"] for r in train_recs) / 4)
+    assert sum(seconds[p] for p in parts) == pytest.approx(seconds["step"], rel=1e-6)
+    assert summary["command_wall_s"] > summary["train_wall_s"] > 0
     assert 0.0 <= summary["before"]["ci_low"] <= summary["before"]["accuracy"] <= summary["before"]["ci_high"] <= 1
     assert (out / "training.png").stat().st_size > 10_000
     assert (out / "checkpoint-4").is_dir()

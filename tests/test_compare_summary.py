@@ -11,13 +11,14 @@ from d3s.app.compare import mean_interval, render_markdown, summarize, t_quantil
 from d3s.app.runfolder import no_signal_share
 
 
-def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1.0, 0.0)):
-    """A finished run: train steps 1-4 (each computing 100 positions), evaluations at 0, 2 and 4."""
+def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1.0, 0.0), times=None):
+    """A finished run: train steps 1-4 (each computing 100 positions), evaluations at 0, 2 and 4; `times`:
+    per-step timing fields, the same at every step."""
     folder.mkdir(parents=True)
     records = [{"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "accuracy": curve[0]}]
     for step in range(1, 5):
         records.append({"type": "train", "step": step, "wall_s": 60.0 * step, "trained_tokens": 10.0 * step,
-                        "d3s/tokens_computed": 100.0, "frac_reward_zero_std": zero_std[step - 1]})
+                        "d3s/tokens_computed": 100.0, "frac_reward_zero_std": zero_std[step - 1], **(times or {})})
         if step % 2 == 0:
             records.append({"type": "eval", "step": step, "wall_s": 60.0 * step, "trained_tokens": 10.0 * step,
                             "accuracy": curve[step // 2]})
@@ -43,10 +44,13 @@ def test_no_signal_share_counts_steps_where_every_group_is_flat():
 
 def test_summary_tables(tmp_path):
     finals = {"grpo": [0.60, 0.50, 0.70], "d3s": [0.65, 0.50, 0.80]}
+    parts = ("generation", "selection", "kl_monitor", "forward", "backward")
     for seed in (1, 2, 3):
-        _write_run(tmp_path / f"grpo-seed{seed}", finals["grpo"][seed - 1], [0.4, 0.5, finals["grpo"][seed - 1]])
+        _write_run(tmp_path / f"grpo-seed{seed}", finals["grpo"][seed - 1], [0.4, 0.5, finals["grpo"][seed - 1]],
+                   times={"step_time": 40.0 + seed})  # recorded before the parts were timed
+        d3s_times = {"step_time": 20.0, **{f"d3s/time/{p}": 2.0 * i + seed for i, p in enumerate(parts)}}
         _write_run(tmp_path / f"d3s-seed{seed}", finals["d3s"][seed - 1], [0.4, 0.7, finals["d3s"][seed - 1]],
-                   version="0.1.0+gdef" if seed == 3 else "0.1.0+gabc")
+                   version="0.1.0+gdef" if seed == 3 else "0.1.0+gabc", times=d3s_times)
     summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2, 3])
     d3s = summary["variants"]["d3s"]
     assert summary["target_accuracy"] == pytest.approx(0.6)
@@ -68,3 +72,10 @@ def test_summary_tables(tmp_path):
     assert "**The runs were made by different code versions**" in md and "seed 3 `0.1.0+gdef`" in md
     assert "| d3s | 65.0% |" in md and "| +5.0 |" in md
     assert "Recipe not recorded, so not checked against this command: grpo seed 1" in md
+    # where a step's time goes: means over steps and seeds; parts only where every run timed them
+    assert grpo["step_seconds_mean"] == {"step": 42.0}
+    assert d3s["step_seconds_mean"] == {"step": 20.0, **{p: 2.0 * i + 2.0 for i, p in enumerate(parts)}}
+    assert "| variant | step | generation | selection | kl monitor | forward | backward | step vs grpo |" in md
+    assert "| d3s | 20.0 | 2.0 | 4.0 | 6.0 | 8.0 | 10.0 | 0.48 |" in md
+    assert "| grpo | 42.0 | - | - | - | - | - | 1.00 |" in md
+    assert "| d3s seed 3 | 80.0% | 4.0 min | - | 25.0% | `0.1.0+gdef` |" in md

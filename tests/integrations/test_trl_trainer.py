@@ -165,6 +165,31 @@ def test_every_method_section_7_metric_is_logged(tmp_path):
         assert h["d3s/advantage_variance"] > 0
 
 
+def slow_reward(completions, **kwargs):
+    """The length reward, 0.2 s late: scoring belongs to generation's share of the step."""
+    import time
+
+    time.sleep(0.2)
+    return length_reward(completions)
+
+
+@pytest.mark.parametrize("variant", ["grpo", "d3s"])
+def test_where_a_step_s_time_goes(tmp_path, variant):
+    """`d3s/time/*`: the parts add up to TRL's step_time, and a slow reward lands in generation."""
+    run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path, variant=variant, reward_funcs=slow_reward,
+                       max_steps=3, kl_log_every=2, **SMALL)
+    parts = ["generation", "selection", "kl_monitor", "forward", "backward"]
+    logs = step_logs(run)
+    assert len(logs) == 3
+    for i, h in enumerate(logs):
+        times = {p: h[f"d3s/time/{p}"] for p in parts}
+        assert all(t >= 0 for t in times.values()), times
+        assert sum(times.values()) == pytest.approx(h["step_time"], rel=1e-6)
+        assert times["generation"] >= 0.2  # one generation per optimizer step here (2 micro-batches)
+        assert times["forward"] > 0 and times["selection"] > 0
+        assert (times["kl_monitor"] > 0) == (i % 2 == 0), (i, times)  # measured every 2nd generation
+
+
 # -- bad input ------------------------------------------------------------------------------------
 
 

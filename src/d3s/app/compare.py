@@ -155,8 +155,16 @@ def _spread(values: list[float]) -> list[float] | None:
     return [min(values), max(values)] if values else None
 
 
+def _mean_parts(parts: list[dict | None]) -> dict[str, float] | None:
+    """Mean over runs of each timing part that every run recorded."""
+    if not parts or any(p is None for p in parts):
+        return None
+    common = [k for k in parts[0] if all(k in p for p in parts)]
+    return {k: statistics.mean(p[k] for p in parts) for k in common} or None
+
+
 def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
-    from d3s.app.runfolder import no_signal_share, read_run_records, with_computed_tokens
+    from d3s.app.runfolder import no_signal_share, read_run_records, step_seconds, with_computed_tokens
 
     runs = {}
     for v in variants:
@@ -190,6 +198,8 @@ def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
                 "computed_tokens": records[-1]["computed_tokens"] if records else None,
                 "no_signal_steps": no_signal_share(records),
                 "steps": len(train),
+                "step_seconds": step_seconds(records),
+                "command_wall_s": r["summary"].get("command_wall_s"),
                 "to_target": None if hit is None else {k: hit[k] for k in ("step", "wall_s", "trained_tokens",
                                                                              "computed_tokens")},
                 "code_version": r["version"],
@@ -209,6 +219,7 @@ def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
             "trained_tokens_mean": statistics.mean(r["summary"]["trained_tokens"] for r in items),
             "computed_tokens_mean": statistics.mean(p["computed_tokens"] or 0.0 for p in per_seed),
             "no_signal_share_mean": statistics.mean(shares) if shares else None,
+            "step_seconds_mean": _mean_parts([p["step_seconds"] for p in per_seed]),
             "seeds_reaching_target": len(reached),
             "wall_s_to_target_mean": statistics.mean(h["wall_s"] for h in reached) if reached else None,
             "wall_s_to_target_spread": _spread([h["wall_s"] for h in reached]),
@@ -239,7 +250,7 @@ def render_markdown(summary: dict, command: str) -> str:
     fmt_x = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
     span = lambda s, f: "" if s is None or s[0] == s[1] else f" ({f(s[0])}-{f(s[1])})"  # noqa: E731
     lines = [
-        f"# d3s compare ({len(seeds)} seeds: {', '.join(map(str, seeds))})",
+        f"# d3s compare ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}: {', '.join(map(str, seeds))})",
         "",
         f"Command: `{command}`",
         "",
@@ -277,6 +288,41 @@ def render_markdown(summary: dict, command: str) -> str:
             f"{span(row['computed_to_target_spread'], fmt_tok)} | {fmt_tok(row['tokens_to_target_mean'])} | "
             f"{fmt_x(row['speedup_wall'])} | {fmt_x(row['speedup_computed'])} | {fmt_min(row['train_wall_s_mean'])} | "
             f"{fmt_tok(row['computed_tokens_mean'])} |")
+    from d3s.app.runfolder import STEP_PARTS
+
+    timed = [row["step_seconds_mean"] or {} for row in summary["variants"].values()]
+    parts = [p for p in STEP_PARTS if any(p in d for d in timed)]
+    secs = lambda d, k: "-" if not d or d.get(k) is None else f"{d[k]:.1f}"  # noqa: E731
+    lines += [
+        "",
+        "## Where a training step's time goes",
+        "",
+        "Seconds per step, mean over steps and seeds: TRL's `step_time` (generation included, the optimizer update "
+        "not) and, where the runs timed them, its parts (`d3s/time/*`: generation with reward scoring; selection "
+        "with the kept rows' passes; the KL metric; the loss forward; the backward pass and the rest).",
+        "",
+        "| " + " | ".join(["variant", "step", *(p.replace("_", " ") for p in parts), f"step vs {ref}"]) + " |",
+        "|---|---|" + "---|" * len(parts) + "---|",
+    ]
+    ref_step = (summary["variants"][ref]["step_seconds_mean"] or {}).get("step")
+    for v, row in summary["variants"].items():
+        d = row["step_seconds_mean"]
+        ratio = "-" if not d or not ref_step or d.get("step") is None else f"{d['step'] / ref_step:.2f}"
+        lines.append(f"| {v} | {secs(d, 'step')} | " + "".join(f"{secs(d, p)} | " for p in parts) + f"{ratio} |")
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "Training wall-clock, and the whole `d3s train` command that finished the run (model loading and held-out "
+        "evaluations included; a resumed run: its last part).",
+        "",
+        "| run | final acc | training wall-clock | whole command | steps with no signal | code version |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v, row in summary["variants"].items():
+        for p in row["per_seed"]:
+            lines.append(f"| {v} seed {p['seed']} | {pct(p['final_accuracy'])} | {fmt_min(p['train_wall_s'])} | "
+                         f"{fmt_min(p['command_wall_s'])} | {pct(p['no_signal_steps'])} | `{p['code_version']}` |")
     base = next((r["base_accuracy"] for r in summary["variants"].values() if r["base_accuracy"] is not None), None)
     if base is not None:
         lines += ["", f"Base model (before training): {base:.1%} held-out accuracy."]

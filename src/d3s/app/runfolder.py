@@ -361,6 +361,22 @@ def with_computed_tokens(records: list[dict]) -> list[dict]:
     return out
 
 
+STEP_PARTS = ("generation", "selection", "kl_monitor", "forward", "backward")
+"""The parts of a training step the trainer times (`d3s/time/<part>`, seconds); they add up to `step_time`."""
+
+
+def step_seconds(records: list[dict]) -> dict[str, float] | None:
+    """Mean seconds per training step: `step` (TRL's `step_time`: the micro-batches' work, generation included,
+    the optimizer update not) and each timed part the records carry. None without train records."""
+    train = [r for r in records if r.get("type") == "train"]
+    out = {}
+    for name, key in (("step", "step_time"), *((p, f"d3s/time/{p}") for p in STEP_PARTS)):
+        values = [r[key] for r in train if r.get(key) is not None]
+        if values:
+            out[name] = sum(values) / len(values)
+    return out or None
+
+
 def no_signal_share(records: list[dict]) -> float | None:
     """Share of training steps in which every group had equal rewards (`frac_reward_zero_std` = 1): their
     gradient is zero for every variant."""

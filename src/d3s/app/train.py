@@ -395,7 +395,7 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
     main_process = int(os.environ.get("RANK", "0")) == 0
     lock = claim_folder(out) if main_process else None
     try:
-        return _run_in_folder(run, config, recipe, out, main_process)
+        return _run_in_folder(run, config, recipe, out, main_process, time.perf_counter())
     finally:
         if lock is not None:
             lock.release()
@@ -468,8 +468,9 @@ def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, A
     return {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe, "code_version": code_version()}
 
 
-def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool) -> dict[str, Any]:
-    from d3s.app.runfolder import atomic_write_text, no_signal_share
+def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
+                   started: float) -> dict[str, Any]:
+    from d3s.app.runfolder import atomic_write_text, no_signal_share, step_seconds
 
     run_config = resolve_run_config(run, config, recipe)
     notes: list[str] = []
@@ -574,6 +575,8 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
         "generated_tokens": last_train.get("generated_tokens"),
         "computed_tokens": last_train.get("computed_tokens"),
         "no_signal_steps": no_signal_share(run_log.records),
+        "step_seconds": step_seconds(run_log.records),
+        "command_wall_s": time.perf_counter() - started,
         "code_version": run_config["code_version"],
         "examples_after": after.get("examples", []),
     }

@@ -32,7 +32,12 @@ through these steps (the paper's order: select first, then compute):
 Given the same kept rows and token mask, steps 4-6 change the cost, never the update: the loss
 and its gradients equal those of the full masked computation (tested).
 
-Three `GRPOTrainer` methods are overridden (signatures pinned in `OVERRIDDEN_TRL_METHODS`; a test
+Where a step's time goes is logged with its metrics (`d3s/time/*`, seconds per optimizer step):
+generation (TRL's generation and reward scoring, with its no-grad passes when they are not deferred),
+selection (steps 2-5), kl_monitor (the KL metric at beta = 0), forward (the loss forward) and backward
+(the rest of TRL's `step_time`: the backward pass and its bookkeeping).
+
+Four `GRPOTrainer` methods are overridden (signatures pinned in `OVERRIDDEN_TRL_METHODS`; a test
 fails if TRL changes them). Evaluation (`eval_strategy`) scores TRL's full eval batch with TRL's
 objective.
 """
@@ -44,6 +49,7 @@ import copy
 import functools
 import inspect
 import math
+import time
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -85,6 +91,7 @@ OVERRIDDEN_TRL_METHODS = {
     "_calculate_rewards": "(self, inputs, prompts, completions, completion_ids_list)",
     "_generate_and_score_completions": "(self, inputs)",
     "_compute_loss": "(self, model, inputs)",
+    "training_step": "(self, model, inputs, num_items_in_batch)",
 }
 """GRPOTrainer methods this module overrides, with the parameters they were written against."""
 
@@ -379,6 +386,7 @@ class D3SGRPOTrainer(GRPOTrainer):
                 "would have to follow every row it selects; use trl.GRPOTrainer for this model"
             )
         self._d3s_rewards_per_func = None
+        self._d3s_step_times = dict.fromkeys(STEP_TIME_PARTS, 0.0)
         self.d3s_last_selection: dict = {}
         self._d3s_initial_model = None  # frozen copy of the starting weights, for the KL metric at beta = 0
         for target in (self.model, self.ref_model):
@@ -424,17 +432,50 @@ class D3SGRPOTrainer(GRPOTrainer):
         training = self.model.training
         capture = _GenerationEntropy(self) if training and not self.tools else contextlib.nullcontext()
         defer = _DeferredPasses(self) if training and self.d3s_active else contextlib.nullcontext()
-        with capture, defer:
+        with self._d3s_timed("generation"), capture, defer:
             batch = super()._generate_and_score_completions(inputs)
         if not training:
             return batch  # evaluation: TRL's batch, no down-sampling
         _check_row_keys(batch)
         T = batch["completion_ids"].size(1)
         entropies = capture.entropies(batch["completion_mask"], T) if isinstance(capture, _GenerationEntropy) else None
-        if self.d3s_active:
-            return self._d3s_select(batch, entropies)
-        self._d3s_log_plain(batch, entropies)
+        with self._d3s_timed("selection"):
+            if self.d3s_active:
+                return self._d3s_select(batch, entropies)
+            self._d3s_log_plain(batch, entropies)
         return batch
+
+    # -- where a step's time goes -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _d3s_timed(self, part: str):
+        """Adds the wall-clock of the block to this optimizer step's `part` (training only; the device is
+        synchronised at both ends on CUDA, so that queued kernels are counted where they were issued)."""
+        if not self.model.training:
+            yield
+            return
+        cuda = self.accelerator.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if cuda:
+                torch.cuda.synchronize()
+            self._d3s_step_times[part] += time.perf_counter() - start
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        output = super().training_step(model, inputs, num_items_in_batch)  # TRL counts self._step, step_time
+        if self._step % self.current_gradient_accumulation_steps == 0:  # the optimizer step's last micro-batch
+            times, self._d3s_step_times = self._d3s_step_times, dict.fromkeys(STEP_TIME_PARTS, 0.0)
+            times["selection"] -= times["kl_monitor"]  # measured inside the selection block
+            metrics = self._metrics["train"]
+            step_time = metrics["step_time"][-1] if metrics["step_time"] else sum(times.values())
+            times["backward"] = max(step_time - sum(times.values()), 0.0)
+            for part, seconds in times.items():
+                metrics[f"d3s/time/{part}"].append(seconds)
+        return output
 
     def _d3s_gather(self, tensor: torch.Tensor, pad_value, pad_first: bool) -> torch.Tensor:
         """Every rank's rows, rank order; the second axis padded to a common width first."""
@@ -740,6 +781,10 @@ class D3SGRPOTrainer(GRPOTrainer):
         index = (self.state.global_step * ga + self._step % ga) // (self.args.steps_per_generation * self.num_iterations)
         if index % every != 0:
             return
+        with self._d3s_timed("kl_monitor"):
+            self._d3s_measure_kl(batch, n)
+
+    def _d3s_measure_kl(self, batch: dict, n: int) -> None:
         rows = {key: batch[key][:n] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
         if batch.get("tool_mask") is not None:
             rows["tool_mask"] = batch["tool_mask"][:n]
@@ -823,6 +868,10 @@ class D3SGRPOTrainer(GRPOTrainer):
     # -- loss (paper eqs. 1, 3, 10) -----------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
+        with self._d3s_timed("forward"):
+            return self._d3s_compute_loss(model, inputs)
+
+    def _d3s_compute_loss(self, model, inputs):
         if not self.d3s_active or not self.model.training:
             loss = super()._compute_loss(model, inputs)  # TRL's own computation (plain GRPO/GSPO, evaluation)
             if self.model.training:
@@ -985,6 +1034,10 @@ class D3SGRPOTrainer(GRPOTrainer):
 
 
 _DEFERRED_KEYS = ("old_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio")
+
+
+STEP_TIME_PARTS = ("generation", "selection", "kl_monitor", "forward")
+"""Parts of an optimizer step timed directly; `backward` is TRL's `step_time` minus these."""
 
 
 def _loss_mask(batch: dict) -> torch.Tensor:
