@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 pytest.importorskip("trl")
 
 from d3s import cli  # noqa: E402
-from d3s.app.recipe import RECIPES_DIR, RecipeError, parse_train_args  # noqa: E402
+from d3s.app.recipe import RECIPES_DIR, parse_train_args  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +73,11 @@ def test_compare_runs_reuses_and_summarises(tmp_path, capsys):
     per_seed = summary["variants"]["d3s"]["per_seed"][0]
     assert per_seed["computed_tokens"] > 0 and per_seed["code_version"].startswith("0.1.0")
     assert summary["code_versions"] == [per_seed["code_version"]]
+    # a finished run keeps only its final model (--keep_checkpoints model): no resume state
+    kept = sorted(p.name for p in (root / "d3s-seed1").glob("checkpoint-*"))
+    assert kept == ["checkpoint-2"]
+    assert (root / "d3s-seed1" / "checkpoint-2" / "model.safetensors").is_file()
+    assert not list((root / "d3s-seed1" / "checkpoint-2").glob("optimizer.pt"))
     capsys.readouterr()
     assert cli.main(argv) == 0  # finished runs are reused, not retrained
     assert "reusing" in capsys.readouterr().err

@@ -22,7 +22,8 @@ pytest.importorskip("trl")
 
 from d3s import cli  # noqa: E402
 from d3s.app import train as train_mod  # noqa: E402
-from d3s.app.runfolder import LOCK_NAME, claim_folder, complete_checkpoints  # noqa: E402
+from d3s.app.recipe import RecipeError  # noqa: E402
+from d3s.app.runfolder import LOCK_NAME, RunFolderError, claim_folder, complete_checkpoints, prune_checkpoints  # noqa: E402,E501
 
 TIMING_KEYS = ("wall_s", "step_time")  # the only fields allowed to differ between two runs
 
@@ -385,3 +386,42 @@ def test_a_kill_during_a_save_leaves_no_half_checkpoint(full_run, tmp_path):
     assert train(out, "--resume", "true") == 0
     assert not (out / ".staging").exists()
     assert_same_run(out, full_run)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. A finished run's checkpoints are pruned, an unfinished run's never
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_checkpoints(out: Path, steps=(10, 20)) -> None:
+    for step in steps:
+        ckpt = out / f"checkpoint-{step}"
+        ckpt.mkdir(parents=True)
+        for name, size in (("model.safetensors", 300), ("optimizer.pt", 600), ("scheduler.pt", 10),
+                           ("rng_state.pth", 20), ("rng_state_1.pth", 20), ("config.json", 5)):
+            (ckpt / name).write_bytes(b"x" * size)
+
+
+@pytest.mark.parametrize("keep,left,freed", [
+    ("all", {"checkpoint-10": 6, "checkpoint-20": 6}, 0),
+    ("model", {"checkpoint-20": 2}, 955 + 650),  # checkpoint-10 whole, checkpoint-20's resume state
+    ("none", {}, 2 * 955),
+])
+def test_a_finished_run_keeps_what_keep_checkpoints_says(tmp_path, keep, left, freed):
+    out = tmp_path / "run"
+    _fake_checkpoints(out)
+    (out / "summary.json").write_text("{}")
+    assert prune_checkpoints(out, keep) == freed
+    assert {p.name: len(list(p.iterdir())) for p in out.glob("checkpoint-*")} == left
+    if keep == "model":
+        assert sorted(p.name for p in (out / "checkpoint-20").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_an_unfinished_run_s_checkpoints_are_never_pruned(tmp_path):
+    out = tmp_path / "run"
+    _fake_checkpoints(out)
+    with pytest.raises(RunFolderError, match="no summary.json: its checkpoints are what it resumes from"):
+        prune_checkpoints(out, "none")
+    assert len(list(out.rglob("*"))) == 14
+    with pytest.raises(RecipeError, match="keep_checkpoints 'some' is not one of all, model, none"):
+        prune_checkpoints(out, "some")

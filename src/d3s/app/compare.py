@@ -6,7 +6,9 @@ Every run is `d3s train` with the same recipe and overrides, only `variant` and 
 all runs generate the same number of rollouts per step for the same number of steps (the same
 generation budget); they differ in what they train on. Each run goes to `DIR/<variant>-seed<seed>/`
 in its own process. A finished run (its `summary.json` exists) is reused, an unfinished one is
-resumed from its last checkpoint — rerun the same command after an interruption. A campaign can be
+resumed from its last checkpoint — rerun the same command after an interruption. Once a run has
+finished, its checkpoints are pruned (`--keep_checkpoints`: by default only the final model stays, without
+the optimizer state a resume needs), so that a campaign of many runs does not fill the disk. A campaign can be
 split over days or machines: point `--output_dir` at a folder of committed runs and the same command
 finishes it. A finished run is reused only if its recorded recipe trains what this command would
 (`run_config.json`; else an error names the differences); the code version of every run is shown.
@@ -42,9 +44,11 @@ def run_dir(root: Path, variant: str, seed: int) -> Path:
     return root / f"{variant}-seed{seed}"
 
 
-def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str]) -> Path:
-    """Run (or resume, or reuse) one `d3s train` in a child process; returns its folder."""
+def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep_checkpoints: str = "all") -> Path:
+    """Run (or resume, or reuse) one `d3s train` in a child process; returns its folder. Once a run this
+    call trained has finished, its checkpoints are pruned to `keep_checkpoints` (see `prune_checkpoints`)."""
     from d3s.app.recipe import RecipeError
+    from d3s.app.runfolder import prune_checkpoints
 
     out = run_dir(root, variant, seed)
     if (out / "summary.json").is_file():
@@ -64,6 +68,10 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str]) -> P
     if done.returncode != 0:
         raise RecipeError(f"d3s train for {variant} seed {seed} failed (exit {done.returncode}, its error is above); "
                           "fix it and rerun the same d3s compare command to continue")
+    freed = prune_checkpoints(out, keep_checkpoints) if (out / "summary.json").is_file() else 0
+    if freed:
+        print(f"d3s compare: kept {keep_checkpoints!r} of {out}'s checkpoints, freed {freed / 2**30:.1f} GiB",
+              file=sys.stderr)
     return out
 
 
@@ -345,6 +353,7 @@ def cmd_compare(argv: Sequence[str]) -> int:
 
     from d3s.app.plots import plot_compare
     from d3s.app.recipe import RecipeError, parse_train_args
+    from d3s.app.runfolder import KEEP_CHECKPOINTS
 
     p = argparse.ArgumentParser(
         prog="d3s compare",
@@ -356,6 +365,10 @@ def cmd_compare(argv: Sequence[str]) -> int:
     p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
     p.add_argument("--config", default=None, help="recipe file or shipped recipe name (default: the embedded one)")
     p.add_argument("--output_dir", default="runs/compare", help="folder of all runs (default runs/compare)")
+    p.add_argument("--keep_checkpoints", default="model", choices=KEEP_CHECKPOINTS,
+                   help="what each finished run keeps of its checkpoints: 'model' (default) the final model without "
+                   "optimizer and RNG states, 'none' nothing, 'all' everything (a full checkpoint of a 135M model "
+                   "with Adam is about 1.6 GB)")
     args, train_argv = p.parse_known_args(argv)
     variants = _csv(args.variants)
     try:
@@ -384,7 +397,7 @@ def cmd_compare(argv: Sequence[str]) -> int:
         raise RecipeError(f"--output_dir {str(root)!r} cannot be written ({err.strerror})") from None
     for seed in seeds:  # seeds outermost: a partial comparison already covers every variant
         for v in variants:
-            run_one(root, v, seed, train_argv)
+            run_one(root, v, seed, train_argv, args.keep_checkpoints)
     summary = summarize(root, variants, seeds)
     command = "d3s compare " + " ".join(argv)
     (root / "compare.json").write_text(json.dumps(summary, indent=2))

@@ -249,6 +249,45 @@ def complete_checkpoints(out: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     return good, bad
 
 
+KEEP_CHECKPOINTS = ("all", "model", "none")
+RESUME_STATE_GLOBS = ("optimizer.pt", "scheduler.pt", "rng_state*.pth")
+
+
+def prune_checkpoints(out: Path, keep: str) -> int:
+    """Drop what a FINISHED run no longer needs from its checkpoints; returns the bytes freed.
+
+    `keep="all"` keeps everything; `"model"` keeps the newest checkpoint without its optimizer, scheduler
+    and RNG states (a loadable model, about a third of a full checkpoint for Adam) and deletes the others;
+    `"none"` deletes every checkpoint. Only for a run whose `summary.json` exists: a checkpoint of an
+    unfinished run is its resume point, and this refuses to touch it."""
+    out = Path(out)
+    if keep not in KEEP_CHECKPOINTS:
+        raise RecipeError(f"keep_checkpoints {keep!r} is not one of {', '.join(KEEP_CHECKPOINTS)}")
+    if keep == "all":
+        return 0
+    if not (out / "summary.json").is_file():
+        raise RunFolderError(f"{out} has no summary.json: its checkpoints are what it resumes from; not pruned")
+
+    def size(path: Path) -> int:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+    freed = 0
+    found = sorted((p for p in out.glob("checkpoint-*") if p.is_dir() and checkpoint_step(p) is not None),
+                   key=checkpoint_step, reverse=True)
+    for i, ckpt in enumerate(found):
+        if keep == "model" and i == 0:
+            for pattern in RESUME_STATE_GLOBS:
+                for f in ckpt.glob(pattern):
+                    freed += size(f)
+                    f.unlink()
+            continue
+        freed += size(ckpt)
+        shutil.rmtree(ckpt)
+    return freed
+
+
 # ---------------------------------------------------------------------------------------------
 # Resume: which recipe changes may continue a run
 # ---------------------------------------------------------------------------------------------
