@@ -108,3 +108,44 @@ def group_advantages(
     # NaN rewards, single-valid groups and empty groups carry no signal.
     advantages = torch.nan_to_num(advantages, nan=0.0, posinf=0.0, neginf=0.0)
     return advantages.reshape(-1)  # (B*G,)
+
+
+def weighted_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
+    """One reward per rollout from F reward functions: sum_f w_f * r_f over the functions that scored it.
+
+    Args:
+        rewards_per_func: `(B*G, F)` rewards, NaN where a function did not score the rollout.
+        reward_weights: `(F,)` weights.
+
+    Returns:
+        `(B*G,)`; NaN where no function scored the rollout (TRL's `nansum` would give 0 there).
+    """
+    _checks.tensor("rewards_per_func", rewards_per_func, dims=(2,), kind="float")
+    _checks.tensor("reward_weights", reward_weights, dims=(1,))
+    weights = reward_weights.to(rewards_per_func.device)
+    rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # (B*G,)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = float("nan")
+    return rewards
+
+
+def zero_where_flat(
+    advantages: torch.Tensor, rewards: torch.Tensor, num_generations: int, scale_rewards: ScaleRewards = "group"
+) -> torch.Tensor:
+    """A trainer's advantages with exactly 0 wherever `group_advantages(rewards, ...)` gives 0.
+
+    Those are the rollouts of a group whose valid rewards are all equal and the unscorable ones; a
+    trainer's float arithmetic can leave 1e-5-sized residues there (for rewards such as 0.1), which a
+    max-variance selection would read as signal. Every other value is returned unchanged.
+
+    Args:
+        advantages: `(B*G,)` the trainer's advantages.
+        rewards: `(B*G,)` the rewards they were computed from, NaN where unscorable.
+        num_generations, scale_rewards: as for `group_advantages`.
+    """
+    _checks.tensor("advantages", advantages, dims=(1,), kind="float")
+    reference = group_advantages(rewards, num_generations, scale_rewards=scale_rewards)  # (B*G,)
+    if reference.shape != advantages.shape:
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)} and rewards {tuple(rewards.shape)} must have the same shape"
+        )
+    return torch.where(reference.to(advantages.device) == 0, torch.zeros_like(advantages), advantages)

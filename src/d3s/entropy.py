@@ -52,3 +52,27 @@ def token_entropy(logits: torch.Tensor, chunk_size: int = 1024, temperature: flo
     if not out:
         return flat.new_zeros(lead, dtype=torch.float32)
     return torch.cat(out).view(lead)
+
+
+def align_step_entropies(steps: list[torch.Tensor], completion_mask: torch.Tensor, width: int) -> torch.Tensor | None:
+    """Entropies recorded one decoding step at a time, laid out like the completions.
+
+    Args:
+        steps: one `(S,)` entropy per decoding step, in order (step t holds every row's entropy of
+            its t-th completion token).
+        completion_mask: `(S, T)` the completions' mask; a row's length is its sum.
+        width: the width of the result (the completions' padded width).
+
+    Returns:
+        `(S, width)`: step t in column t, cut or zero-padded to `width`; None when the steps cannot
+        be this batch's (no step, a step of another row count, or a completion longer than the steps).
+    """
+    if not steps or any(s.numel() != completion_mask.size(0) for s in steps):
+        return None
+    entropies = torch.stack(steps, dim=1).to(completion_mask.device)  # (S, steps)
+    lengths = completion_mask.sum(dim=1)  # (S,)
+    if lengths.numel() and int(lengths.max()) > entropies.size(1):
+        return None
+    if entropies.size(1) >= width:
+        return entropies[:, :width]
+    return torch.nn.functional.pad(entropies, (0, width - entropies.size(1)))  # (S, width)

@@ -150,8 +150,7 @@ def policy_loss(
     if importance_sampling_ratio is not None:
         per_token_loss = per_token_loss * importance_sampling_ratio
     if beta != 0.0:
-        delta = ref_per_token_logps - per_token_logps  # (S, T)
-        per_token_kl = torch.exp(delta) - delta - 1  # (S, T), k3
+        per_token_kl = k3_kl(per_token_logps, ref_per_token_logps)  # (S, T)
         if kl_importance_weighted:
             if importance_sampling_level == "token":
                 per_token_kl = per_token_kl * coef_1  # (S, T)
@@ -189,3 +188,44 @@ def policy_loss(
         if beta != 0.0:
             metrics["kl"] = (per_token_kl * used).sum() / den
     return loss, metrics
+
+
+def k3_kl(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> torch.Tensor:
+    """The k3 estimator of KL(pi_theta || pi_ref) at each token: exp(ref - logp) - (ref - logp) - 1.
+
+    Non-negative, 0 where the two log-probs agree; differentiable in both arguments. Shapes broadcast.
+    """
+    delta = ref_per_token_logps - per_token_logps
+    return torch.exp(delta) - delta - 1
+
+
+def clip_shares(
+    coef: torch.Tensor,
+    advantages: torch.Tensor,
+    used: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row shares of the used tokens whose ratio is clipped from below and from above.
+
+    Low: ratio < 1 - epsilon_low with a negative advantage; high: ratio > 1 + epsilon_high with a
+    positive one (where the clip removes the gradient). TRL logs the lowest low share and the highest
+    high share of a batch (`clip_ratio/low_min`, `clip_ratio/high_max`).
+
+    Args:
+        coef: `(S, T)` importance ratios pi_theta / pi_old.
+        advantages: `(S,)`.
+        used: `(S, T)` tokens in the loss (any dtype; nonzero = used).
+
+    Returns:
+        `(low, high)`, each `(S,)` float32; NaN for a row with no used token.
+    """
+    u = used.to(coef.dtype)  # (S, T)
+    adv = advantages.unsqueeze(1)  # (S, 1)
+    count = u.sum(1).clamp(min=1.0)  # (S,)
+    low = (((coef < 1 - epsilon_low) & (adv < 0)).to(u.dtype) * u).sum(1) / count  # (S,)
+    high = (((coef > 1 + epsilon_high) & (adv > 0)).to(u.dtype) * u).sum(1) / count  # (S,)
+    rows = used.bool().any(dim=1)  # (S,)
+    low = torch.where(rows, low, torch.full_like(low, float("nan"))).float()
+    high = torch.where(rows, high, torch.full_like(high, float("nan"))).float()
+    return low, high

@@ -70,3 +70,37 @@ def linear_schedule(
     k = k_init if k_init == k_final else (1.0 - p) * k_init + p * k_final  # constant stays exact
     k = min(max(k, 1e-12), 1.0)
     return n, k
+
+
+def generation_index(
+    optimizer_steps: int, micro_step: int, gradient_accumulation_steps: int, micro_batches_per_generation: int
+) -> int:
+    """Index (from 0) of the generation batch a trainer is working on.
+
+    A trainer that generates once every `micro_batches_per_generation` micro-batches (TRL:
+    `steps_per_generation * num_iterations`) and steps the optimizer every
+    `gradient_accumulation_steps` micro-batches has run `optimizer_steps * gradient_accumulation_steps
+    + micro_step % gradient_accumulation_steps` micro-batches so far (`micro_step`: its running
+    micro-batch counter, TRL's `_step`).
+    """
+    ga = _checks.as_int("gradient_accumulation_steps", gradient_accumulation_steps, low=1)
+    every = _checks.as_int("micro_batches_per_generation", micro_batches_per_generation, low=1)
+    done = _checks.as_int("optimizer_steps", optimizer_steps, low=0) * ga
+    return (done + _checks.as_int("micro_step", micro_step, low=0) % ga) // every
+
+
+def generation_progress(
+    index: int, max_steps: int, gradient_accumulation_steps: int, micro_batches_per_generation: int
+) -> float:
+    """Training progress p of generation batch `index`: 0 for the first, 1 for the last (section 4).
+
+    A run of `max_steps` optimizer steps has J = ceil(max_steps * gradient_accumulation_steps /
+    micro_batches_per_generation) generation batches and p = index / (J - 1), clipped to [0, 1];
+    p = 0 when J <= 1. A pure function of the counters, so a resumed run continues exactly.
+    """
+    ga = _checks.as_int("gradient_accumulation_steps", gradient_accumulation_steps, low=1)
+    every = _checks.as_int("micro_batches_per_generation", micro_batches_per_generation, low=1)
+    total = math.ceil(max(_checks.as_int("max_steps", max_steps), 0) * ga / every)
+    if total <= 1:
+        return 0.0
+    return min(max(_checks.as_int("index", index) / (total - 1), 0.0), 1.0)

@@ -19,6 +19,7 @@ constant-schedule variants hold the initial values (N = 8, K = 5%) throughout.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -145,21 +146,39 @@ VARIANTS: dict[str, Variant] = {
 """The paper's variants with its Table 5 values (G = 32)."""
 
 
+def scaled_count(n: int, num_generations: int, reference_generations: int = 32) -> int:
+    """A rollout count given for G = `reference_generations` (the paper's 32), scaled to G = `num_generations`.
+
+    Round half up, then clip to [2, G]: the paper's N 8 -> 32 of 32 is N 4 -> 16 of 16, 2 -> 8 of 8.
+    """
+    G = num_generations
+    return min(G, max(2, math.floor(n * G / reference_generations + 0.5)))
+
+
+def paired(init, final, schedule: str) -> tuple:
+    """The one rule for explicitly given ends of a schedule (`None` = not given).
+
+    With a constant schedule, an init or a final value given alone sets the constant: both ends
+    take it. With a linear one each value sets its own end, and the other stays unset.
+    """
+    if schedule == "constant" and (init is None) != (final is None):
+        init = final = init if init is not None else final
+    return init, final
+
+
 def get_variant(name: str, **overrides) -> Variant:
     """`VARIANTS[name]` with `overrides` applied; a clear error for an unknown name.
 
-    One rule for explicit values: on a constant-schedule variant, `n_init` or `n_final` (likewise
-    `k_init` or `k_final`) given alone sets the constant, so `get_variant("d1s", n_init=4)` and
-    `get_variant("d1s", n_final=4)` both keep 4 per group throughout; on a linear variant each sets
-    its own end of the schedule.
+    Explicit values follow `paired`: under a constant schedule (the variant's, or the one the
+    overrides set), `n_init` or `n_final` (likewise `k_init` or `k_final`) given alone sets the
+    constant, so `get_variant("d1s", n_init=4)` and `get_variant("d1s", n_final=4)` both keep 4 per
+    group throughout; under a linear one each sets its own end of the schedule.
     """
     if name not in VARIANTS:
         raise ValueError(f"variant={name!r}; valid: {', '.join(VARIANTS)}")
     base = VARIANTS[name]
-    if base.schedule == "constant" and overrides.get("schedule", "constant") == "constant":
-        for init, final in (("n_init", "n_final"), ("k_init", "k_final")):
-            if init in overrides and final not in overrides:
-                overrides[final] = overrides[init]
-            elif final in overrides and init not in overrides:
-                overrides[init] = overrides[final]
+    schedule = overrides.get("schedule", base.schedule)
+    for init, final in (("n_init", "n_final"), ("k_init", "k_final")):
+        a, b = paired(overrides.get(init), overrides.get(final), schedule)
+        overrides.update({key: value for key, value in ((init, a), (final, b)) if value is not None})
     return base.replace(**overrides) if overrides else base

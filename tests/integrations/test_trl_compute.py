@@ -371,11 +371,11 @@ def test_non_finite_entropies_keep_the_exact_token_count(tmp_path):
 
 
 def test_multimodal_batches_are_refused_for_every_variant():
-    from d3s.integrations.trl import _check_row_keys
+    from d3s.integrations.trl.rows import check_row_keys
 
     batch = {"prompt_ids": torch.zeros(2, 3), "completion_ids": torch.zeros(2, 3), "pixel_values": torch.zeros(2, 3)}
     with pytest.raises(NotImplementedError, match="pixel_values"):
-        _check_row_keys(batch)
+        check_row_keys(batch)
 
 
 @pytest.mark.parametrize("variant", ["grpo", "d3s"])

@@ -1,0 +1,209 @@
+"""`D3SConfig`: TRL's `GRPOConfig` plus the D3S fields, resolved and validated once, before any model loads.
+
+A named `variant` fills the D3S fields left unset (`d3s.variants`); the result is available as a
+validated `d3s.Variant` (`d3s_settings`). TRL options the D3S path does not support are refused here
+with a message naming the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from d3s.integrations.trl.compat import GRPOConfig
+from d3s.variants import Variant, get_variant, paired, scaled_count
+
+SUPPORTED_LOSS_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class D3SConfig(GRPOConfig):
+    """`GRPOConfig` plus the D3S settings (docs/method.md sections 2-4, 6).
+
+    Set `variant` to one of `d3s.VARIANTS` (grpo, gspo, pods, d1s, d1s-c, d2s, d3s, d3s-i) to fill
+    every D3S field you leave unset; fields you set win. The variants' rollout counts are the
+    paper's for G = 32 (N 8 -> 32) and are scaled to your `num_generations` (round half up, kept in
+    [2, G]): G = 16 gives N 4 -> 16. The GSPO objective is TRL's `importance_sampling_level=
+    "sequence"`, computed with the GSPO-token ratio (docs/method.md section 5) so a token mask really masks
+    tokens; `variant="gspo"` sets it, and every other variant combines with it.
+    """
+
+    variant: str | None = field(
+        default=None,
+        metadata=_h("Named D3S variant filling the unset D3S fields: grpo, gspo, pods, d1s, d1s-c, d2s, d3s, d3s-i."),
+    )
+    sample_selection: str | None = field(
+        default=None,
+        metadata=_h(
+            "Rollout selection (docs/method.md section 2): 'none' (keep all, TRL's GRPO), 'intra' (max-variance N per group), "
+            "'cross' (max-variance N*B over the whole generation batch), 'pods' (max reward variance N per group, "
+            "re-normalised). Default 'none'."
+        ),
+    )
+    n_init: int | None = field(
+        default=None, metadata=_h("Rollouts kept per group at the start of training, in [2, num_generations].")
+    )
+    n_final: int | None = field(
+        default=None, metadata=_h("Rollouts kept per group at the end (linear schedule); default n_init.")
+    )
+    token_selection: bool | None = field(
+        default=None, metadata=_h("Keep only the top-K fraction of tokens by |advantage| x entropy. Default False.")
+    )
+    k_init: float | None = field(default=None, metadata=_h("Token fraction K at the start, in (0, 1]."))
+    k_final: float | None = field(
+        default=None, metadata=_h("Token fraction K at the end (linear schedule); default k_init.")
+    )
+    schedule: str | None = field(
+        default=None,
+        metadata=_h("'constant' (N, K fixed at the init values) or 'linear' (paper eq. 9). Default 'constant'."),
+    )
+    normalizer: str | None = field(
+        default=None,
+        metadata=_h(
+            "Token-loss divisor with token selection: 'selected' (kept tokens, paper eq. 10; default) or 'all' "
+            "(all valid tokens of the kept rollouts, like TRL's top_entropy_quantile)."
+        ),
+    )
+    allow_tightening: bool = field(
+        default=False, metadata=_h("Allow a linear schedule whose final N or K is below the initial one.")
+    )
+    kl_log_every: int = field(
+        default=5,
+        metadata=_h(
+            "At beta=0, log `kl` (k3 KL of the current to the initial policy) every this many generation batches; "
+            "0 turns it off. Cost per measurement: two no-grad forwards of `kl_log_rollouts` rollouts per process, "
+            "and a frozen copy of the initial weights in memory (none with PEFT). At beta != 0 the KL to the "
+            "reference is logged every step at no extra cost."
+        ),
+    )
+    kl_log_rollouts: int = field(
+        default=8, metadata=_h("Rollouts per process (the first of each generation batch) the KL metric is measured on.")
+    )
+    def __post_init__(self):
+        super().__post_init__()
+        self._resolve_d3s()
+        self._check_trl_options()
+
+    def _resolve_d3s(self) -> None:
+        G = self.num_generations
+        if self.importance_sampling_level == "sequence_token":
+            self.importance_sampling_level = "sequence"  # the D3S name of the same objective
+        if self.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(
+                f"importance_sampling_level={self.importance_sampling_level!r}; valid: 'token' (GRPO), "
+                "'sequence' (GSPO, computed with the GSPO-token ratio)"
+            )
+        if self.variant is not None:
+            v = get_variant(self.variant)  # ValueError naming the valid names
+            if v.importance_sampling_level == "sequence_token":
+                self.importance_sampling_level = "sequence"
+            elif self.variant == "grpo" and self.importance_sampling_level == "sequence":
+                raise ValueError(
+                    "variant='grpo' is the GRPO objective but importance_sampling_level='sequence' asks for GSPO; "
+                    "use variant='gspo'"
+                )
+
+            defaults = {
+                "sample_selection": v.sample_selection,
+                "token_selection": v.token_selection,
+                "schedule": v.schedule,
+                "normalizer": v.normalizer,
+            }
+            for name, value in defaults.items():
+                if getattr(self, name) is None:
+                    setattr(self, name, value)
+            # Explicit values follow `d3s.variants.paired`; the variant's N (given for G = 32) is scaled to G
+            pairs = []
+            if v.sample_selection != "none" and self.sample_selection != "none":
+                pairs.append(("n_init", "n_final", scaled_count(v.n_init, G, v.num_generations),
+                              scaled_count(v.n_final, G, v.num_generations)))
+            if v.token_selection and self.token_selection:
+                pairs.append(("k_init", "k_final", v.k_init, v.k_final))
+            for init, final, init_default, final_default in pairs:
+                a, b = paired(getattr(self, init), getattr(self, final), self.schedule)
+                setattr(self, init, init_default if a is None else a)
+                setattr(self, final, final_default if b is None else b)
+
+        if self.sample_selection is None:
+            self.sample_selection = "none"
+        if self.token_selection is None:
+            self.token_selection = False
+        if self.schedule is None:
+            self.schedule = "constant"
+        if self.normalizer is None:
+            self.normalizer = "selected"
+        if self.sample_selection == "none":
+            if self.n_init is not None or self.n_final is not None:
+                raise ValueError(
+                    f"n_init={self.n_init}, n_final={self.n_final} have no effect with sample_selection='none'; "
+                    "set sample_selection to 'intra', 'cross' or 'pods', or leave them unset"
+                )
+        elif self.n_init is None:
+            raise ValueError(
+                f"sample_selection={self.sample_selection!r} needs n_init (rollouts kept per group, an integer in "
+                f"[2, num_generations={G}])"
+            )
+        elif self.n_final is None:
+            self.n_final = self.n_init
+        if not self.token_selection:
+            if self.k_init is not None or self.k_final is not None:
+                raise ValueError(
+                    f"k_init={self.k_init}, k_final={self.k_final} have no effect with token_selection=False; "
+                    "set token_selection=True, or leave them unset"
+                )
+        elif self.k_init is None:
+            raise ValueError("token_selection=True needs k_init (the fraction of tokens kept, in (0, 1])")
+        elif self.k_final is None:
+            self.k_final = self.k_init
+        for name in ("kl_log_every", "kl_log_rollouts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an integer >= 0 (0 turns the KL metric off)")
+        _ = self.d3s_settings  # Variant validates: ranges, constant schedule with init != final, ...
+
+    def _check_trl_options(self) -> None:
+        if self.loss_type not in SUPPORTED_LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} is not supported by D3SGRPOTrainer; valid: "
+                f"{', '.join(map(repr, SUPPORTED_LOSS_TYPES))}"
+            )
+        if self.top_entropy_quantile != 1.0:
+            if self.token_selection:
+                raise ValueError(
+                    f"top_entropy_quantile={self.top_entropy_quantile} (TRL's entropy mask) and D3S "
+                    "token_selection=True both mask tokens; use one: D3S's k_init/k_final, or "
+                    "top_entropy_quantile=1.0"
+                )
+            raise ValueError(
+                f"top_entropy_quantile={self.top_entropy_quantile} is not supported by D3SGRPOTrainer; use "
+                "token_selection=True with k_init/k_final, or top_entropy_quantile=1.0"
+            )
+        if self.delta is not None:
+            raise ValueError(f"delta={self.delta} (two-sided clipping) is not supported by D3SGRPOTrainer; use None")
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            raise ValueError(
+                f"entropy_coef={self.entropy_coef}, use_adaptive_entropy={self.use_adaptive_entropy}: the entropy "
+                "bonus is not supported by D3SGRPOTrainer; use entropy_coef=0.0, use_adaptive_entropy=False"
+            )
+
+    @property
+    def d3s_settings(self) -> Variant:
+        """The resolved D3S settings as a validated `d3s.Variant` (built from the fields on each call)."""
+        G = self.num_generations
+        return Variant(
+            name=self.variant or "custom",
+            sample_selection=self.sample_selection,
+            token_selection=bool(self.token_selection),
+            schedule=self.schedule,
+            num_generations=G,
+            n_init=G if self.n_init is None else self.n_init,
+            n_final=G if self.n_final is None else self.n_final,
+            k_init=1.0 if self.k_init is None else self.k_init,
+            k_final=1.0 if self.k_final is None else self.k_final,
+            allow_tightening=self.allow_tightening,
+            importance_sampling_level="sequence_token" if self.importance_sampling_level == "sequence" else "token",
+            normalizer=self.normalizer,
+        )

@@ -1,0 +1,493 @@
+"""`D3SGRPOTrainer`: TRL's `GRPOTrainer` that trains on the D3S-selected rollouts and tokens. The algorithm path only.
+
+With nothing down-sampled (`variant="grpo"` or `"gspo"`) the trainer IS TRL's: its generation,
+advantages and loss run unchanged, and only metrics are added. Otherwise one generation batch goes
+through these steps (the paper's order: select first, then compute):
+
+1. TRL generates and scores every rollout. Its no-grad passes over all rollouts (old-policy and
+   reference log-probs) are deferred (`generation.DeferredPasses`). With transformers generation,
+   the entropy of every generated token is read from the logits `generate` computes anyway
+   (`generation.GenerationEntropy`): no extra pass.
+2. Advantages: TRL's, with exactly 0 for a group of equal rewards (`d3s.advantages.zero_where_flat`).
+3. Sample selection (docs/method.md section 2) on the advantages gathered from ALL processes, so
+   every rank computes the same kept set; the kept rows are dealt out again evenly over the ranks
+   (`d3s.batch.deal_rows`, `rows.take_rows`; zero-weight padding rows, counted in `d3s/padding_rows`).
+4. For the kept rows only: the old-policy log-probs (when TRL needs them: vLLM's sampler
+   correction, or generation not aligned with optimizer steps), the reference log-probs (beta != 0)
+   and the sampler-correction ratio (`d3s.batch.sampler_correction_ratio`). Entropies for the token
+   mask come from generation; else from the old-policy pass; else (vLLM without the correction,
+   tool calling, a custom `rollout_func`) from one extra no-grad pass of the kept rows.
+5. The token mask (section 3): ONE threshold over the kept rows of all ranks.
+6. The training forward of each micro-batch stops at the last column holding a kept token and runs
+   the LM head (with gradient) only at the kept tokens (`selective_head`). A micro-batch whose
+   gradient is exactly zero (no kept token; or every kept advantage 0 with beta = 0) runs a 1-token
+   forward instead, so the optimizer still steps with zero gradients (`d3s/skipped_forwards`).
+7. The loss (`d3s.policy_loss`) divides by global counts over the generation batch
+   (`d3s.batch.loss_denominator`), so the update does not depend on how TRL splits the rows.
+
+Given the same kept rows and token mask, steps 4-6 change the cost, never the update: the loss and
+its gradients equal those of the full masked computation (tested). Metrics and step timing:
+`step_metrics`; the KL metric at beta = 0: `kl_monitor`. The TRL methods overridden, called or read
+are pinned in `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`) scores TRL's full eval batch
+with TRL's objective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from d3s.advantages import weighted_rewards, zero_where_flat
+from d3s.batch import deal_rows, loss_denominator, sampler_correction_ratio
+from d3s.integrations.trl import step_metrics
+from d3s.integrations.trl.compat import GRPOTrainer, disable_gradient_checkpointing, is_peft_model, use_adapter
+from d3s.integrations.trl.config import D3SConfig
+from d3s.integrations.trl.generation import DeferredPasses, GenerationEntropy
+from d3s.integrations.trl.kl_monitor import KLMonitor
+from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, gather_rows, loss_mask, take_rows
+from d3s.integrations.trl.selective_head import add_selective_lm_head, selective_forward
+from d3s.loss import policy_loss
+from d3s.rollout_selection import select_rollouts
+from d3s.schedule import generation_index, generation_progress
+from d3s.token_selection import LOWEST_SCORE, num_tokens_to_keep, token_scores, top_tokens_mask
+
+
+class D3SGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` that trains on the D3S-selected rollouts and tokens. Thin glue over `d3s`.
+
+    Use it exactly like `GRPOTrainer` with a `D3SConfig`. After every generation,
+    `d3s_last_selection` holds what was chosen (kept rollout indices, N, K, token count, where the
+    entropies came from), for inspection. See the module docstring for the order of the passes and
+    what each one costs.
+    """
+
+    _tag_names = ["trl", "grpo", "d3s"]
+    _name = "D3S-GRPO"
+
+    def __init__(self, model, reward_funcs, args: D3SConfig | None = None, *rest, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = D3SConfig(f"{name.split('/')[-1]}-D3S")
+        if not isinstance(args, D3SConfig):
+            raise TypeError(f"D3SGRPOTrainer needs a D3SConfig (a GRPOConfig subclass), got {type(args).__name__}")
+        super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        if getattr(self, "_is_vlm", False):
+            raise NotImplementedError(
+                "D3SGRPOTrainer does not support vision-language models yet: the images (pixel_values, ...) "
+                "would have to follow every row it selects; use trl.GRPOTrainer for this model"
+            )
+        self.d3s_last_selection: dict = {}
+        self._d3s_rewards_per_func: torch.Tensor | None = None  # (B*G, F) of the current generation batch
+        self._d3s_timer = step_metrics.StepTimer(self.accelerator.device)
+        self._d3s_kl = KLMonitor(self.args.kl_log_every, self.args.kl_log_rollouts)
+        for target in (self.model, self.ref_model):
+            if target is not None:
+                add_selective_lm_head(
+                    target.get_base_model() if is_peft_model(target) else target,
+                    self.temperature,
+                    self.args.cast_lm_head_to_fp32,
+                )
+
+    @property
+    def d3s_active(self) -> bool:
+        """Whether anything is down-sampled; when not (`variant="grpo"`/`"gspo"`), TRL's own computation runs."""
+        settings = self.args.d3s_settings
+        return settings.sample_selection != "none" or settings.token_selection
+
+    # -- schedule (paper eq. 9) ---------------------------------------------------------------------
+
+    def d3s_generation_index(self) -> int:
+        """Index (from 0) of the current generation batch (`d3s.schedule.generation_index`)."""
+        return generation_index(
+            self.state.global_step,
+            self._step,
+            self.args.gradient_accumulation_steps,
+            self.args.steps_per_generation * self.num_iterations,
+        )
+
+    def d3s_progress(self) -> float:
+        """Training progress p of the current generation batch: 0 for the first, 1 for the last.
+
+        `d3s.schedule.generation_progress` of the trainer's counters, so a resumed run continues the
+        schedule exactly.
+        """
+        return generation_progress(
+            self.d3s_generation_index(),
+            self.state.max_steps,
+            self.args.gradient_accumulation_steps,
+            self.args.steps_per_generation * self.num_iterations,
+        )
+
+    # -- generation and selection -------------------------------------------------------------------
+
+    def _d3s_timed(self, part: str):
+        return self._d3s_timer.timed(part, self.model.training)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._d3s_rewards_per_func = rewards_per_func  # (B*G, F), all processes (TRL gathers them)
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        training = self.model.training
+        capture = contextlib.nullcontext()
+        if training and not self.tools:
+            capture = GenerationEntropy(self.accelerator.unwrap_model(self.model), self.temperature)
+        defer = DeferredPasses(self) if training and self.d3s_active else contextlib.nullcontext()
+        with self._d3s_timed("generation"), capture, defer:
+            batch = super()._generate_and_score_completions(inputs)
+        if not training:
+            return batch  # evaluation: TRL's batch, no down-sampling
+        check_row_keys(batch)
+        T = batch["completion_ids"].size(1)
+        entropies = capture.entropies(batch["completion_mask"], T) if isinstance(capture, GenerationEntropy) else None
+        with self._d3s_timed("selection"):
+            return self._d3s_select(batch, entropies)
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        output = super().training_step(model, inputs, num_items_in_batch)  # TRL counts self._step, step_time
+        if self._step % self.current_gradient_accumulation_steps == 0:  # the optimizer step's last micro-batch
+            self._d3s_timer.end_step(self._metrics["train"])
+        return output
+
+    def _d3s_select(self, batch: dict, generation_entropies: torch.Tensor | None) -> dict:
+        """Rewards -> advantages -> rollouts kept -> every per-rollout pass for the kept ones -> token mask.
+
+        With nothing down-sampled, TRL's batch is returned unchanged and only the metrics are logged.
+        """
+        settings = self.args.d3s_settings
+        device = self.accelerator.device
+        G, P, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        metrics = self._metrics["train"]
+        progress = self.d3s_progress()
+        n_keep, fraction = settings.schedule_at(progress)
+
+        rewards = weighted_rewards(self._d3s_rewards_per_func, self.reward_weights)  # (B*G,)
+        trl_advantages = self.accelerator.gather(batch["advantages"])  # (B*G,)
+        advantages = trl_advantages
+        if self.multi_objective_aggregation == "sum_then_normalize":
+            advantages = zero_where_flat(trl_advantages, rewards, G, scale_rewards=self.scale_rewards)  # (B*G,)
+        mask = loss_mask(batch)  # (S_local, T)
+        valid_per_row = self.accelerator.gather(mask.sum(dim=1))  # (B*G,) loss tokens per rollout
+        step_metrics.log_generated_entropy(self.accelerator, metrics, generation_entropies, mask, self.d3s_active)
+        self._d3s_monitor_kl(batch)
+        everything = torch.ones_like(advantages, dtype=torch.bool)
+
+        if not self.d3s_active:  # TRL's batch unchanged
+            n_valid = int(valid_per_row.sum())
+            step_metrics.log_selection(
+                metrics, progress=progress, n_keep=G, fraction=1.0, num_generations=G, rewards=rewards,
+                trained_advantages=advantages, kept_mask=everything, kept_advantages=trl_advantages,
+                valid_per_row=valid_per_row, tokens_in_loss=n_valid,
+            )
+            self.d3s_last_selection = {
+                "kept": torch.arange(advantages.numel()),
+                "n_keep": G,
+                "fraction": 1.0,
+                "tokens_in_loss": n_valid,
+                "entropy_source": "training forward",
+            }
+            return batch
+
+        S_local = batch["advantages"].size(0)
+        batch["advantages"] = advantages[rank * S_local : (rank + 1) * S_local]
+        if settings.sample_selection == "none":
+            kept = torch.arange(advantages.numel(), device=device)  # (K,)
+            kept_advantages = advantages
+        else:
+            selection = select_rollouts(
+                advantages, rewards, G, n_keep, settings.sample_selection, scale_rewards=self.scale_rewards
+            )
+            kept, kept_advantages = selection.indices, selection.advantages  # (K,), (K,)
+        kept_mask = torch.zeros_like(everything)
+        kept_mask[kept] = True
+        trained_advantages = torch.zeros_like(advantages)  # (B*G,)
+        trained_advantages[kept] = kept_advantages
+        if generation_entropies is not None:
+            batch["d3s_entropies"] = generation_entropies  # (S_local, T), travels with its rows
+        for key in DEFERRED_KEYS:
+            batch.pop(key, None)  # placeholders of the deferred passes; recomputed below for the kept rows
+        slots = deal_rows(kept, P, self.args.steps_per_generation)  # (P, R)
+        batch = take_rows(
+            batch, slots[rank], trained_advantages, accelerator=self.accelerator,
+            pad_token_id=self._tokenizer.pad_token_id, cut_columns=self.pad_to_multiple_of is None,
+        )
+        mask = loss_mask(batch)  # (R, T')
+
+        passes = self._d3s_kept_row_passes(batch, mask, need_entropy=settings.token_selection)
+        n_valid = int(valid_per_row[kept].sum())  # loss tokens of the kept rollouts, all ranks
+        n_rows, n_tokens = kept.numel(), n_valid
+        entropy_source = None
+        all_token_mask = None
+        if settings.token_selection:
+            entropies = batch.pop("d3s_entropies", None)
+            entropy_source = "generation"
+            if entropies is None:
+                entropies, entropy_source = passes["entropies"], passes["entropy_source"]
+            token_mask, all_token_mask, n_nonfinite = self._d3s_token_mask(batch["advantages"], entropies, mask, fraction)
+            batch["d3s_token_mask"] = token_mask  # (R, T')
+            metrics["d3s/nonfinite_scores"].append(float(n_nonfinite))
+            n_tokens = int(all_token_mask.sum())
+            if settings.normalizer == "selected":
+                n_rows = int(all_token_mask.any(dim=1).sum())
+        batch.pop("d3s_entropies", None)
+
+        # Global counts shared by every micro-batch (0-dim tensors survive TRL's shuffle and split)
+        denominator_tokens = n_tokens if settings.normalizer == "selected" else n_valid
+        batch["d3s_num_rows"] = torch.tensor(float(n_rows), device=device)
+        batch["d3s_num_tokens"] = torch.tensor(float(denominator_tokens), device=device)
+        batch["num_items_in_batch"] = torch.tensor(float(n_valid), device=device)
+
+        step_metrics.log_selection(
+            metrics, progress=progress, n_keep=n_keep, fraction=fraction, num_generations=G, rewards=rewards,
+            trained_advantages=trained_advantages, kept_mask=kept_mask, kept_advantages=kept_advantages,
+            valid_per_row=valid_per_row, tokens_in_loss=n_tokens, padding_rows=slots.numel() - kept.numel(),
+        )
+        self.d3s_last_selection = {
+            "kept": kept.cpu(),
+            "n_keep": n_keep,
+            "fraction": fraction,
+            "tokens_in_loss": n_tokens,
+            "rows_per_rank": batch["completion_mask"].size(0),
+            "kept_per_rank_before": torch.bincount(torch.div(kept, S_local, rounding_mode="floor"), minlength=P).cpu(),
+            "entropy_source": entropy_source,
+            **({"token_mask": all_token_mask.cpu()} if settings.token_selection else {}),
+        }
+        return batch
+
+    @torch.no_grad()
+    def _d3s_kept_row_passes(self, batch: dict, mask: torch.Tensor, need_entropy: bool) -> dict:
+        """Old-policy, reference and sampler-correction terms of the kept rows only (what TRL computes
+        for every rollout before the rewards exist), plus entropies when no pass that runs anyway gave them.
+        """
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        need_old = self.args.gradient_accumulation_steps % generate_every != 0 or vllm_correction
+        need_entropy = need_entropy and "d3s_entropies" not in batch
+        out = {"entropies": None, "entropy_source": None}
+        if need_old or need_entropy:
+            logps, entropies = self._d3s_no_grad_logps(self.model, batch, mask, entropy=need_entropy)
+            if need_old:
+                batch["old_per_token_logps"] = logps  # (R, T')
+            if need_entropy:
+                out["entropies"] = entropies
+                out["entropy_source"] = "old-policy pass" if need_old else "extra no-grad pass"
+        if self.beta != 0.0:
+            batch["ref_per_token_logps"] = self._d3s_reference_logps(batch, mask)
+        if vllm_correction:
+            ratio = sampler_correction_ratio(
+                batch["old_per_token_logps"],
+                batch["sampling_per_token_logps"],
+                mask,
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max,
+            )
+            batch["importance_sampling_ratio"] = ratio
+            step_metrics.replace_sampling_metrics(
+                self.accelerator, self._metrics["train"], batch["old_per_token_logps"],
+                batch["sampling_per_token_logps"], mask, ratio,
+            )
+        return out
+
+    def _d3s_no_grad_logps(self, model, batch, mask, entropy: bool = False):
+        """Log-probs (and entropies) of the valid completion tokens, in chunks of the training batch size."""
+        chunk = self.args.per_device_train_batch_size
+        logps, entropies = [], []
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for start in range(0, mask.size(0), chunk):
+                rows = slice(start, start + chunk)
+                lp, ent, _ = selective_forward(
+                    model,
+                    self.accelerator,
+                    batch["prompt_ids"][rows],
+                    batch["prompt_mask"][rows],
+                    batch["completion_ids"][rows],
+                    batch["completion_mask"][rows],
+                    grad_positions=None,
+                    value_positions=mask[rows].bool(),
+                    entropy=entropy,
+                )
+                logps.append(lp)
+                entropies.append(ent)
+        return torch.cat(logps), (torch.cat(entropies) if entropy else None)
+
+    def _d3s_reference_logps(self, batch, mask):
+        if self.ref_model is not None:
+            return self._d3s_no_grad_logps(self.ref_model, batch, mask)[0]
+        # PEFT: the reference is the base model (adapters off) or the "ref" adapter, as in TRL
+        model = self.accelerator.unwrap_model(self.model)
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+            return self._d3s_no_grad_logps(self.model, batch, mask)[0]
+
+    # -- token level (paper eq. 8) ------------------------------------------------------------------
+
+    def _d3s_token_mask(self, advantages, entropies, mask, fraction):
+        """Top-K% |A| x H over the rows of ALL ranks: one threshold, identical on every rank.
+
+        Returns this rank's `(R, T)` mask, the mask of all ranks `(P*R, T_max)` and the number of
+        non-finite scores (all ranks).
+        """
+        scores = token_scores(advantages, entropies.float(), mask)  # (R, T), -inf at padding
+        R, T = scores.shape
+        all_scores = gather_rows(self.accelerator, scores, -float("inf"), False)  # (P*R, T_max)
+        n_valid = int((all_scores > -float("inf")).sum())
+        all_mask = top_tokens_mask(all_scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
+        n_nonfinite = int((all_scores == LOWEST_SCORE).sum())
+        rank = self.accelerator.process_index
+        return all_mask[rank * R : (rank + 1) * R, :T], all_mask, n_nonfinite
+
+    # -- the KL metric at beta = 0 ------------------------------------------------------------------
+
+    def _d3s_monitor_kl(self, batch: dict) -> None:
+        if not self._d3s_kl.due(self.beta, self.d3s_generation_index()):
+            return
+        with self._d3s_timed("kl_monitor"):
+            kl = self._d3s_kl.measure(self, batch, lambda model, rows, mask: self._d3s_no_grad_logps(model, rows, mask)[0])
+        self._metrics["train"]["kl"].append(kl)
+
+    def train(self, *args, **kwargs):
+        self._d3s_kl.keep_initial_weights(self)  # before a checkpoint is loaded: a resumed run keeps them too
+        return super().train(*args, **kwargs)
+
+    # -- loss (paper eqs. 1, 3, 10) -----------------------------------------------------------------
+
+    def _d3s_forward(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, grad_positions,
+                     value_positions, entropy: bool = False):
+        """The selective training forward, counting its positions (`d3s/tokens_computed`)."""
+        logps, entropies, positions = selective_forward(
+            model, self.accelerator, prompt_ids, prompt_mask, completion_ids, completion_mask,
+            grad_positions=grad_positions, value_positions=value_positions, entropy=entropy,
+        )
+        step_metrics.log_tokens_computed(
+            self.accelerator, self._metrics["train"], positions, self.current_gradient_accumulation_steps
+        )
+        return logps, entropies
+
+    def _compute_loss(self, model, inputs):
+        with self._d3s_timed("forward"):
+            return self._d3s_compute_loss(model, inputs)
+
+    def _d3s_compute_loss(self, model, inputs):
+        metrics = self._metrics["train"]
+        if not self.d3s_active or not self.model.training:
+            loss = super()._compute_loss(model, inputs)  # TRL's own computation (plain GRPO/GSPO, evaluation)
+            if self.model.training:
+                positions = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
+                step_metrics.log_tokens_computed(
+                    self.accelerator, metrics, positions, self.current_gradient_accumulation_steps
+                )
+                if metrics["entropy"]:
+                    metrics["entropy/trained"].append(metrics["entropy"][-1])
+            return loss
+        settings = self.args.d3s_settings
+        completion_mask = inputs["completion_mask"]
+        mask = loss_mask(inputs)  # (S, T)
+        token_mask = inputs.get("d3s_token_mask")  # (S, T) or None
+        used = mask.bool() if token_mask is None else mask.bool() & token_mask  # (S, T)
+        advantages = inputs["advantages"]  # (S,)
+        old_per_token_logps = inputs.get("old_per_token_logps")  # (S, T) or None (on-policy)
+        gspo = settings.importance_sampling_level == "sequence_token"
+
+        # A micro-batch whose gradient is exactly zero runs a 1-token forward instead (same update)
+        dead = not used.any() or (
+            self.beta == 0.0 and not self.aux_loss_enabled and bool((advantages[used.any(dim=1)] == 0).all())
+        )
+        if dead:
+            return self._d3s_zero_loss(model, inputs)
+
+        # Where the log-probs must exist: with gradient at the used tokens (all valid tokens when the
+        # GSPO sequence ratio carries gradient into the KL), values at every valid token when a term
+        # reads them (GSPO's sequence ratio off-policy, TRL's off-policy mask).
+        kl_through_sequence = gspo and self.beta != 0.0 and self.args.use_bias_correction_kl
+        grad_positions = mask.bool() if kl_through_sequence else used
+        needs_values = (gspo and old_per_token_logps is not None) or self.off_policy_mask_threshold is not None
+        value_positions = mask.bool() if needs_values else None
+        logps, entropies = self._d3s_forward(
+            model,
+            inputs["prompt_ids"],
+            inputs["prompt_mask"],
+            inputs["completion_ids"],
+            completion_mask,
+            grad_positions=grad_positions,
+            value_positions=value_positions,
+            entropy=True,
+        )
+        # Positions that were not scored read as "no change" (ratio 1, KL 0): they never enter the loss
+        scored = grad_positions if value_positions is None else grad_positions | value_positions
+        fill = torch.zeros_like(logps) if old_per_token_logps is None else old_per_token_logps.to(logps.dtype)
+        per_token_logps = torch.where(scored, logps, fill)  # (S, T)
+        ref = inputs.get("ref_per_token_logps")
+        if ref is not None:
+            ref = torch.where(scored, ref, per_token_logps.detach())
+
+        weights = None  # multiplicative per-token weights TRL applies to the surrogate
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            weights = inputs["importance_sampling_ratio"]  # (S, T) or (S, 1)
+        if self.off_policy_mask_threshold is not None:
+            sampling = inputs.get("sampling_per_token_logps")
+            if sampling is None:
+                sampling = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+            off_policy_mask = self.get_off_policy_mask(
+                advantages.unsqueeze(1), per_token_logps, sampling, mask, self.off_policy_mask_threshold
+            )  # (S, 1)
+            weights = off_policy_mask if weights is None else weights * off_policy_mask
+
+        real = inputs.get("d3s_real")
+        aggregation, denominator, accumulation = loss_denominator(
+            self.loss_type,
+            num_rows=int(inputs["d3s_num_rows"]),
+            num_tokens=int(inputs["d3s_num_tokens"]),
+            num_processes=self.accelerator.num_processes,
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps,
+            steps_per_generation=self.args.steps_per_generation,
+            rows_in_micro_batch=int(real.sum()) if real is not None else completion_mask.size(0),
+            max_completion_length=self.max_completion_length,
+        )
+        loss, loss_metrics = policy_loss(
+            per_token_logps,
+            old_per_token_logps,
+            advantages,
+            mask,
+            token_mask=token_mask,
+            importance_sampling_level=settings.importance_sampling_level,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            beta=self.beta,
+            ref_per_token_logps=ref,
+            normalizer=settings.normalizer,
+            aggregation=aggregation,
+            denominator=denominator,
+            importance_sampling_ratio=weights,
+            kl_importance_weighted=self.args.use_bias_correction_kl,
+        )
+        self._d3s_log_loss_metrics(loss_metrics, per_token_logps, old_per_token_logps, advantages, used, entropies)
+        return loss / accumulation
+
+    def _d3s_zero_loss(self, model, inputs):
+        """A loss of exactly 0 whose backward reaches every parameter: a 1-token forward of the first row.
+
+        The update then equals that of the full computation (zero gradients, the optimizer still steps:
+        AdamW's moments decay and move the weights), through the same model call as every other micro-batch,
+        so DDP/DeepSpeed/FSDP see an ordinary backward.
+        """
+        one = torch.ones(1, 1, dtype=torch.bool, device=inputs["completion_ids"].device)
+        logps, _ = self._d3s_forward(
+            model,
+            inputs["prompt_ids"][:1, -1:],
+            torch.ones_like(inputs["prompt_mask"][:1, -1:]),
+            inputs["completion_ids"][:1, :1],
+            torch.ones_like(inputs["completion_mask"][:1, :1]),
+            grad_positions=one,
+            value_positions=None,
+        )
+        self._d3s_log_loss_metrics(None, None, None, inputs["advantages"], None, None)
+        return (logps * 0.0).sum()
+
+    def _d3s_log_loss_metrics(self, loss_metrics, per_token_logps, old_per_token_logps, advantages, used, entropies):
+        step_metrics.log_loss_metrics(
+            self.accelerator, self._metrics["train"], loss_metrics, per_token_logps=per_token_logps,
+            old_per_token_logps=old_per_token_logps, advantages=advantages, used=used, entropies=entropies,
+            epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, with_kl=self.beta != 0.0,
+        )
