@@ -165,6 +165,7 @@ R = torch.tensor([0.0, 1.0, 1.0, 0.0])
 A = d3s.group_advantages(R, 2)
 LP = torch.zeros(2, 3)
 M = torch.ones(2, 3, dtype=torch.bool)
+SC = torch.tensor([[3.0, 1.0, 2.0], [0.5, -float("inf"), 4.0]])  # token scores, one padding position
 
 BAD_CALLS = {
     "rewards as a list": (lambda: d3s.group_advantages([0.0, 1.0], 2), "rewards must be a torch.Tensor"),
@@ -210,6 +211,42 @@ BAD_CALLS = {
     "zero denominator": (lambda: d3s.policy_loss(LP, None, torch.ones(2), M, denominator=0),
                          "denominator=0.0 must be a finite number > 0"),
     "logps as ints": (lambda: d3s.policy_loss(LP.long(), None, torch.ones(2), M), "per_token_logps must be a float"),
+    "bool tensor denominator": (lambda: d3s.policy_loss(LP, None, torch.ones(2), M, denominator=torch.tensor(True)),
+                                "denominator must be a real number, got a torch.bool tensor"),
+    # token selection: counts are integers (never a float, never a bool), fractions real numbers, tensors tensors
+    "negative k": (lambda: d3s.top_tokens_mask(SC, -1), "k=-1 must be an integer >= 0"),
+    "k float": (lambda: d3s.top_tokens_mask(SC, 2.7), "k=2.7 must be an integer >= 0"),
+    "k bool": (lambda: d3s.top_tokens_mask(SC, True), "k=True must be a number, not a bool"),
+    "top_tokens_mask n_valid float": (lambda: d3s.top_tokens_mask(SC, 2, n_valid=2.5), "n_valid=2.5 must be an integer"),
+    "top_tokens_mask n_valid < 0": (lambda: d3s.top_tokens_mask(SC, 2, n_valid=-1), "n_valid=-1 must be an integer >= 0"),
+    "scores as NumPy": (lambda: d3s.top_tokens_mask(SC.numpy(), 2), "scores must be a torch.Tensor, got ndarray"),
+    "scores bool": (lambda: d3s.top_tokens_mask(SC > 0, 2), "scores must be a real tensor"),
+    "n_valid float": (lambda: d3s.num_tokens_to_keep(10.9, 0.5), "n_valid=10.9 must be an integer >= 0"),
+    "n_valid bool": (lambda: d3s.num_tokens_to_keep(True, 1.0), "n_valid=True must be a number, not a bool"),
+    "fraction bool": (lambda: d3s.num_tokens_to_keep(10, True), "fraction=True must be a number, not a bool"),
+    "fraction string": (lambda: d3s.num_tokens_to_keep(10, "0.5"), "fraction='0.5' must be a finite number in"),
+    "token_mask fraction bool": (lambda: d3s.token_mask(A[:2], LP, M, True), "fraction=True must be a number, not a"),
+    "token_mask advantages as NumPy": (lambda: d3s.token_mask(A[:2].numpy(), LP, M, 0.5),
+                                       "advantages must be a torch.Tensor, got ndarray"),
+    "token_mask entropies as NumPy": (lambda: d3s.token_mask(A[:2], LP.numpy(), M, 0.5),
+                                      "entropies must be a torch.Tensor, got ndarray"),
+    "token_mask completion_mask as NumPy": (lambda: d3s.token_mask(A[:2], LP, M.numpy(), 0.5),
+                                            "completion_mask must be a torch.Tensor, got ndarray"),
+    "token_scores advantages as a list": (lambda: d3s.token_scores([1.0, 2.0], LP, M),
+                                          "advantages must be a torch.Tensor, got list"),
+    "token_scores complex advantages": (lambda: d3s.token_scores(A[:2].to(torch.complex64), LP, M),
+                                        "advantages must be a real tensor"),
+    "token_scores 3-D advantages": (lambda: d3s.token_scores(torch.ones(2, 3, 1), LP, M),
+                                    r"advantages \(2, 3, 1\) must be \(S,\), \(S, 1\) or \(S, T\)"),
+    "nonfinite_scores as NumPy": (lambda: d3s.nonfinite_scores(A[:2].numpy(), LP, M), "advantages must be a torch"),
+    "nonfinite_scores shapes": (lambda: d3s.nonfinite_scores(A[:2], LP, M[:, :2]), r"completion_mask \(2, 2\)"),
+    # variants
+    "unknown variant field": (lambda: d3s.get_variant("d3s", bogus_field=1),
+                              "bogus_field=1 is not a Variant field; valid: name, sample_selection, .*normalizer"),
+    "unknown field in replace": (lambda: d3s.VARIANTS["d3s"].replace(bogus_field=1), "bogus_field=1 is not a Variant"),
+    "k_final bool": (lambda: d3s.get_variant("d3s", k_final=True), r"k_final=True must be a fraction in \(0, 1\]"),
+    "k_init bool": (lambda: d3s.get_variant("d2s", k_init=True), r"k_init=True must be a fraction in \(0, 1\]"),
+    "variant name not a string": (lambda: d3s.get_variant(["d3s"]), r"variant=\['d3s'\]; valid: grpo"),
 }
 
 
@@ -225,7 +262,8 @@ def test_bad_input_is_a_value_error_naming_the_argument(case):
 def test_a_non_integer_count_is_never_truncated(x):
     assume(not (isinstance(x, float) and math.isfinite(x) and x.is_integer()))
     for call in (lambda: d3s.pass_at_k(8, x, 1), lambda: d3s.max_variance_subset(R, x),
-                 lambda: d3s.group_advantages(R, x)):
+                 lambda: d3s.group_advantages(R, x), lambda: d3s.num_tokens_to_keep(x, 0.5),
+                 lambda: d3s.top_tokens_mask(SC, x), lambda: d3s.top_tokens_mask(SC, 2, n_valid=x)):
         with pytest.raises(ValueError):
             call()
 
@@ -236,3 +274,6 @@ def test_scalar_types_give_the_same_results():
         torch.testing.assert_close(d3s.group_advantages(R, G, eps=np.float32(1e-4)), base)
     assert d3s.max_variance_subset(R, np.int64(2)).tolist() == d3s.max_variance_subset(R, 2).tolist()
     assert d3s.avg_at_n(np.int16(3), torch.tensor(4)) == 0.75
+    assert d3s.num_tokens_to_keep(np.int64(10), np.float64(0.5)) == d3s.num_tokens_to_keep(torch.tensor(10), 0.5) == 5
+    for k in (np.int64(2), torch.tensor(2)):
+        assert torch.equal(d3s.top_tokens_mask(SC, k, n_valid=np.int32(5)), d3s.top_tokens_mask(SC, 2))

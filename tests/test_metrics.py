@@ -48,3 +48,30 @@ def test_sample_usefulness_rate():
     # groups: [0,0] kept (useless), [1,-1] kept (useful), [0,0] not kept, [0.5] kept (useful)
     assert d3s.sample_usefulness_rate(adv, kept, 2).item() == pytest.approx(2 / 3)
     assert d3s.sample_usefulness_rate(adv, torch.zeros(8, dtype=torch.bool), 2).item() == 0.0
+
+
+def test_population_variance_keeps_float64_precision():
+    """float64 is computed in float64: a float32 cast would turn 1e8 + 1, 1e8 + 2, 1e8 + 4 into equal values."""
+    x = torch.tensor([1e8 + 1, 1e8 + 2, 1e8 + 4], dtype=torch.float64)
+    v = d3s.population_variance(x)
+    assert v.dtype == torch.float64
+    assert float(v) == pytest.approx(14 / 9, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_population_variance_below_float64_is_float32_as_before(dtype):
+    """Every dtype but float64 gives float32, bit for bit the value logged so far: `values.float().var(correction=0)`."""
+    g = torch.Generator().manual_seed(0)
+    for scale in (1.0, 1e-3, 1e3):
+        x = torch.randn(257, generator=g) * scale + scale  # (257,)
+        x = x.to(dtype) if dtype != torch.bool else x > scale
+        v = d3s.population_variance(x)
+        assert v.dtype == torch.float32
+        assert torch.equal(v, x.float().var(correction=0))
+    assert d3s.population_variance(torch.zeros(0, dtype=dtype)).dtype == torch.float32
+
+
+def test_population_variance_of_nothing_is_zero_in_the_documented_dtype():
+    for dtype, want in ((torch.float64, torch.float64), (torch.float32, torch.float32)):
+        v = d3s.population_variance(torch.zeros(0, dtype=dtype))
+        assert v.dtype == want and float(v) == 0.0

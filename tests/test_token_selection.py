@@ -157,3 +157,28 @@ def test_top_tokens_mask_refuses_nan_scores():
     scores = torch.tensor([[1.0, float("nan")], [0.5, -float("inf")]])
     with pytest.raises(ValueError, match="NaN"):
         d3s.top_tokens_mask(scores, 1)
+
+
+def test_top_tokens_mask_k_zero_keeps_nothing_and_k_above_n_valid_keeps_all():
+    scores = torch.tensor([[3.0, 1.0], [-float("inf"), 2.0]])
+    assert not d3s.top_tokens_mask(scores, 0).any()
+    assert torch.equal(d3s.top_tokens_mask(scores, 99), scores > -float("inf"))
+
+
+def test_bool_advantages_score_as_zero_and_one():
+    """A bool advantage tensor is read as 0/1, as `group_advantages` reads bool rewards (documented)."""
+    ent = torch.rand(2, 3)
+    cm = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    as_bool = torch.tensor([True, False])
+    assert torch.equal(d3s.token_scores(as_bool, ent, cm), d3s.token_scores(torch.tensor([1.0, 0.0]), ent, cm))
+    assert int(d3s.nonfinite_scores(as_bool, ent, cm)) == 0
+    assert "bool advantages count as 0/1" in d3s.token_scores.__doc__
+
+
+def test_per_row_and_per_token_advantages_of_shape_s_1_and_s_t():
+    g = torch.Generator().manual_seed(1)
+    adv, ent = torch.randn(3, generator=g), torch.rand(3, 4, generator=g)
+    cm = torch.ones(3, 4, dtype=torch.bool)
+    want = d3s.token_scores(adv, ent, cm)
+    assert torch.equal(d3s.token_scores(adv[:, None], ent, cm), want)
+    assert torch.equal(d3s.token_scores(adv[:, None].expand(3, 4), ent, cm), want)

@@ -76,3 +76,16 @@ def test_constant_schedule_must_be_constant():
 
 def test_grpo_ignores_n_against_small_groups():
     assert d3s.get_variant("grpo", num_generations=4).schedule_at(0.5) == (4, 1.0)
+
+
+def test_unknown_field_names_the_field_and_lists_the_valid_ones():
+    fields = "name, sample_selection, token_selection, schedule, num_generations, n_init, n_final, k_init, " \
+             "k_final, allow_tightening, importance_sampling_level, normalizer"
+    with pytest.raises(ValueError, match=f"bogus_field=1 is not a Variant field; valid: {fields}$"):
+        d3s.get_variant("d3s", bogus_field=1)
+
+
+@pytest.mark.parametrize("field", ["k_init", "k_final"])
+def test_a_bool_fraction_is_refused(field):
+    with pytest.raises(ValueError, match=f"{field}=True must be a fraction"):
+        d3s.VARIANTS["d3s"].replace(**{field: True})

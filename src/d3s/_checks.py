@@ -76,7 +76,9 @@ def tensor(name: str, value: Any, *, dims: tuple[int, ...] | None = None, kind: 
     """`value` if it is a torch tensor with one of `dims` dimensions and a dtype of `kind`:
     `"number"` (bool, integer or float), `"float"`, or `"bool"`."""
     if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        convertible = hasattr(value, "__array__") or isinstance(value, (list, tuple))  # NumPy, list
+        hint = " (convert it with torch.as_tensor)" if convertible else ""
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}{hint}")
     if dims is not None and value.dim() not in dims:
         want = " or ".join(f"{d}-D" for d in dims)
         raise ValueError(f"{name} must be {want}, got shape {tuple(value.shape)}")

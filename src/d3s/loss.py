@@ -125,6 +125,8 @@ def policy_loss(
         denominator = _checks.as_float("denominator", denominator, low=0.0, low_open=True)
     elif denominator is not None and denominator.numel() != 1:
         raise ValueError(f"denominator must be a scalar, got a tensor of shape {tuple(denominator.shape)}")
+    elif denominator is not None and (denominator.dtype == torch.bool or denominator.is_complex()):
+        raise ValueError(f"denominator must be a real number, got a {denominator.dtype} tensor")
 
     valid = completion_mask.to(per_token_logps.dtype)  # (S, T)
     used = valid if token_mask is None else valid * token_mask.to(valid.dtype)  # (S, T)

@@ -83,9 +83,12 @@ def sample_usefulness_rate(
 def population_variance(values: torch.Tensor) -> torch.Tensor:
     """Population variance (divide by m) of all entries — the quantity sample selection maximises (eq. 6).
 
-    0 for an empty tensor; NaN if any value is NaN (propagated, not hidden).
+    Computed and returned in float64 for float64 values, in float32 for every other dtype (float32,
+    float16, bfloat16, integer, bool), as a 0-dim tensor. 0 for an empty tensor; NaN if any value
+    is NaN (propagated, not hidden).
     """
     _checks.tensor("values", values)
+    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
     if values.numel() == 0:
-        return values.new_zeros((), dtype=torch.float32)
-    return values.float().var(correction=0)
+        return values.new_zeros((), dtype=dtype)
+    return values.to(dtype).var(correction=0)

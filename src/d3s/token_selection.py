@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from d3s import _checks
+
 LOWEST_SCORE = torch.finfo(torch.float32).min
 """The score of a valid token whose |A| * H is not finite: below every real score, above padding."""
 
@@ -36,33 +38,49 @@ def token_scores(
     """s_i,t = |A_i,t| * H_i,t on valid tokens, -inf on padding (paper eq. 8).
 
     Args:
-        advantages: `(S,)` per-rollout or `(S, T)` per-token advantages.
+        advantages: `(S,)` per-rollout, `(S, 1)` or `(S, T)` per-token advantages; bool advantages count as 0/1.
         entropies: `(S, T)` policy entropies (taken as given; detach them for a mask without grad).
         completion_mask: `(S, T)` 1/True on valid completion tokens.
+        All three are torch tensors (a NumPy array is refused: convert it with `torch.as_tensor`).
 
     Returns:
         `(S, T)` float32 scores, detached: -inf on padding, `LOWEST_SCORE` where |A| * H is not
         finite (NaN or infinite entropy or advantage), |A| * H elsewhere.
+
+    Raises:
+        ValueError: naming the argument, for a non-tensor or complex argument or mismatched shapes.
     """
+    advantages = _check_score_inputs(advantages, entropies, completion_mask)  # (S, 1) or (S, T)
+    scores = advantages.detach().float().abs() * entropies.detach().float()  # (S, T), a new tensor
+    scores.masked_fill_(~torch.isfinite(scores), LOWEST_SCORE)
+    return scores.masked_fill_(~completion_mask.bool(), -float("inf"))
+
+
+def _check_score_inputs(advantages, entropies, completion_mask) -> torch.Tensor:
+    """The checks of `token_scores`; returns the advantages as `(S, 1)` or `(S, T)`."""
+    _checks.tensor("advantages", advantages)
+    _checks.tensor("entropies", entropies)
+    _checks.tensor("completion_mask", completion_mask)
     if entropies.dim() != 2 or entropies.shape != completion_mask.shape:
         raise ValueError(
             f"entropies {tuple(entropies.shape)} and completion_mask {tuple(completion_mask.shape)} "
             "must both be (S, T)"
         )
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)  # (S, 1)
-    if advantages.shape[0] != entropies.shape[0]:
-        raise ValueError(f"advantages {tuple(advantages.shape)} do not match entropies {tuple(entropies.shape)}")
-    scores = advantages.detach().abs().float() * entropies.detach().float()  # (S, T), a new tensor
-    scores.masked_fill_(~torch.isfinite(scores), LOWEST_SCORE)
-    return scores.masked_fill_(~completion_mask.bool(), -float("inf"))
+    S, T = entropies.shape
+    if advantages.shape not in ((S,), (S, 1), (S, T)):
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)} must be (S,), (S, 1) or (S, T) to match entropies {(S, T)}"
+        )
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
 
 def nonfinite_scores(advantages: torch.Tensor, entropies: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Number of valid tokens whose |A| * H is NaN or infinite (0-dim int64 tensor), for a metric."""
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)  # (S, 1)
-    scores = advantages.detach().abs().float() * entropies.detach().float()  # (S, T)
+    """Number of valid tokens whose |A| * H is NaN or infinite (0-dim int64 tensor), for a metric.
+
+    Same arguments and checks as `token_scores`.
+    """
+    advantages = _check_score_inputs(advantages, entropies, completion_mask)  # (S, 1) or (S, T)
+    scores = advantages.detach().float().abs() * entropies.detach().float()  # (S, T)
     return (~torch.isfinite(scores) & completion_mask.bool()).sum()
 
 
@@ -71,12 +89,14 @@ def num_tokens_to_keep(n_valid: int, fraction: float) -> int:
 
     The product is rounded to 9 decimals before the ceiling, so that 0.07 * 100 keeps 7 tokens and
     not 8 (0.07 is 0.0700000000000000067 in binary).
+
+    Raises:
+        ValueError: unless `fraction` is a real number in (0, 1] and `n_valid` an integer >= 0
+            (Python, NumPy or 0-d torch; a float count such as 10.9 or 10.0 is never truncated, and
+            a bool is neither).
     """
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction={fraction} must be in (0, 1]")
-    n_valid = int(n_valid)
-    if n_valid < 0:
-        raise ValueError(f"n_valid={n_valid} must be >= 0")
+    fraction = _checks.as_float("fraction", fraction, low=0.0, high=1.0, low_open=True)
+    n_valid = _checks.as_int("n_valid", n_valid, low=0)
     if n_valid == 0:
         return 0
     return min(n_valid, max(1, math.ceil(round(fraction * n_valid, 9))))
@@ -91,13 +111,25 @@ def top_tokens_mask(scores: torch.Tensor, k: int, n_valid: int | None = None) ->
     """Exactly the `k` highest non-padding scores; ties broken by flattened position.
 
     Args:
-        scores: `(S, T)` from `token_scores` (-inf marks padding, which is never kept).
-        k: number of tokens to keep; clipped to the number of non-padding tokens.
-        n_valid: the number of non-padding scores, if the caller knows it (saves one pass).
+        scores: `(S, T)` real tensor from `token_scores` (-inf marks padding, which is never kept).
+        k: number of tokens to keep, an integer >= 0 (0 keeps none); clipped to the number of
+            non-padding tokens.
+        n_valid: the number of non-padding scores (an integer >= 0), if the caller knows it (saves
+            one pass; it is taken as given, not counted again).
 
     Returns:
         bool `(S, T)` with exactly `min(k, n_valid)` True entries.
+
+    Raises:
+        ValueError: naming the argument, for `scores` that are not a real non-bool tensor or hold
+            NaN, or a `k` or `n_valid` that is not an integer >= 0 (a float is never truncated).
     """
+    _checks.tensor("scores", scores)
+    if scores.dtype == torch.bool:
+        raise ValueError("scores must be a real tensor of scores (token_scores), got torch.bool")
+    k = _checks.as_int("k", k, low=0)
+    if n_valid is not None:
+        n_valid = _checks.as_int("n_valid", n_valid, low=0)
     flat = scores.reshape(-1)  # (S*T,)
     if torch.isnan(flat).any():
         bad = torch.isnan(scores).nonzero()[0].tolist()
@@ -107,7 +139,7 @@ def top_tokens_mask(scores: torch.Tensor, k: int, n_valid: int | None = None) ->
         )
     if n_valid is None:
         n_valid = int((flat > -float("inf")).sum())
-    k = min(int(k), int(n_valid))
+    k = min(k, n_valid)
     if k <= 0:
         return torch.zeros_like(scores, dtype=torch.bool)
     # The k-th largest value: everything above it is kept, then the first ties in flattened order.
@@ -131,13 +163,16 @@ def token_mask(
     """Top-`fraction` tokens by |A| * H over all valid tokens of the batch (paper eq. 8).
 
     Args:
-        advantages: `(S,)` or `(S, T)` advantages of the kept rollouts.
+        advantages: `(S,)`, `(S, 1)` or `(S, T)` advantages of the kept rollouts.
         entropies: `(S, T)` policy entropies.
         completion_mask: `(S, T)` valid-token mask.
-        fraction: K in (0, 1].
+        fraction: K, a real number in (0, 1] (not a bool).
 
     Returns:
         bool `(S, T)`: exactly `num_tokens_to_keep(n_valid, fraction)` valid tokens.
+
+    Raises:
+        ValueError: naming the argument, as `token_scores` and `num_tokens_to_keep` do.
     """
     scores = token_scores(advantages, entropies, completion_mask)  # (S, T)
     n_valid = int(completion_mask.bool().sum())

@@ -91,7 +91,7 @@ class Variant:
         if self.token_selection:
             for field in ("k_init", "k_final"):
                 value = getattr(self, field)
-                if not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
                     raise ValueError(f"{self.name}: {field}={value!r} must be a fraction in (0, 1]")
             self._check_pair("k_init", "k_final")
 
@@ -109,7 +109,11 @@ class Variant:
             )
 
     def replace(self, **changes) -> Variant:
-        """A copy with `changes` applied, validated again."""
+        """A copy with `changes` applied, validated again; a ValueError names an unknown field."""
+        fields = [f.name for f in dataclasses.fields(self)]
+        for field, value in changes.items():
+            if field not in fields:
+                raise ValueError(f"{self.name}: {field}={value!r} is not a Variant field; valid: {', '.join(fields)}")
         return dataclasses.replace(self, **changes)
 
     def schedule_at(self, progress: float, *, multiple_of: int = 1) -> tuple[int, float]:
@@ -174,7 +178,7 @@ def get_variant(name: str, **overrides) -> Variant:
     constant, so `get_variant("d1s", n_init=4)` and `get_variant("d1s", n_final=4)` both keep 4 per
     group throughout; under a linear one each sets its own end of the schedule.
     """
-    if name not in VARIANTS:
+    if not isinstance(name, str) or name not in VARIANTS:
         raise ValueError(f"variant={name!r}; valid: {', '.join(VARIANTS)}")
     base = VARIANTS[name]
     schedule = overrides.get("schedule", base.schedule)
