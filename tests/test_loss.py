@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import d3s
+from d3s.loss import clip_shares, k3_kl
 
 
 def make_batch(seed, S=5, T=7, dtype=torch.float64):
@@ -202,3 +203,140 @@ def test_importance_weighted_kl_matches_trls_bias_correction(level):
     expected = (ptl * mask).sum() / mask.sum()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-10)
     torch.testing.assert_close(torch.autograd.grad(loss, logps)[0], torch.autograd.grad(expected, logps)[0])
+
+
+# -- k3_kl ----------------------------------------------------------------------------------------------
+
+
+def test_k3_kl_closed_form_at_scalars():
+    ln2 = math.log(2.0)
+    cases = [(0.0, 0.0, 0.0), (0.0, ln2, 1.0 - ln2), (ln2, 0.0, ln2 - 0.5), (-1.0, -3.0, math.exp(-2.0) + 1.0),
+             (-3.0, -1.0, math.exp(2.0) - 3.0), (-0.25, -0.25, 0.0)]
+    for logp, ref, expected in cases:
+        got = k3_kl(torch.tensor(logp, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64))
+        assert got.item() == pytest.approx(expected, rel=1e-14, abs=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_k3_kl_matches_loop_nonnegative_and_zero_iff_equal(seed):
+    g = torch.Generator().manual_seed(seed)
+    S, T = (int(x) for x in torch.randint(1, 9, (2,), generator=g))
+    logps = -torch.rand(S, T, generator=g, dtype=torch.float64) * 5
+    delta = torch.randn(S, T, generator=g, dtype=torch.float64) * 2
+    delta = delta.sign() * delta.abs().clamp(min=1e-2)  # away from 0, where rounding decides the sign
+    equal = torch.rand(S, T, generator=g) < 0.3
+    ref = torch.where(equal, logps, logps + delta)
+    got = k3_kl(logps, ref)
+    assert got.shape == (S, T)
+    for i in range(S):
+        for t in range(T):
+            d = ref[i, t].item() - logps[i, t].item()
+            assert got[i, t].item() == pytest.approx(math.exp(d) - d - 1, rel=1e-12, abs=1e-15)
+            if equal[i, t]:
+                assert got[i, t].item() == 0.0
+            else:
+                assert got[i, t].item() > 0.0
+    g32 = k3_kl(logps.float(), ref.float())
+    assert (g32[~equal] > 0).all() and (g32[equal] == 0).all()
+
+
+def test_k3_kl_expectation_is_the_exact_kl():
+    """Sampled under pi_theta, k3 is unbiased: sum_x p(x) k3(log p(x), log q(x)) = KL(p || q) (enumerated)."""
+    g = torch.Generator().manual_seed(0)
+    for V in (2, 3, 10, 50):
+        p = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * 2, 0)
+        q = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * 2, 0)
+        k = k3_kl(p.log(), q.log())
+        expectation = sum(p[x].item() * k[x].item() for x in range(V))
+        kl = sum(p[x].item() * math.log(p[x].item() / q[x].item()) for x in range(V))
+        assert expectation == pytest.approx(kl, rel=1e-10)
+
+
+def test_k3_kl_broadcasts_and_differentiates_in_both_arguments():
+    g = torch.Generator().manual_seed(1)
+    logps = (-torch.rand(3, 4, generator=g, dtype=torch.float64)).requires_grad_(True)
+    ref = (-torch.rand(3, 1, generator=g, dtype=torch.float64)).requires_grad_(True)
+    kl = k3_kl(logps, ref)
+    assert kl.shape == (3, 4)
+    kl.sum().backward()
+    for i in range(3):
+        d_ref = 0.0
+        for t in range(4):
+            d = ref[i, 0].item() - logps[i, t].item()
+            assert kl[i, t].item() == pytest.approx(math.exp(d) - d - 1, rel=1e-12, abs=1e-15)
+            assert logps.grad[i, t].item() == pytest.approx(1.0 - math.exp(d), rel=1e-12, abs=1e-15)
+            d_ref += math.exp(d) - 1.0
+        assert ref.grad[i, 0].item() == pytest.approx(d_ref, rel=1e-12, abs=1e-15)
+
+
+# -- clip_shares ----------------------------------------------------------------------------------------
+
+
+def clip_shares_loop(coef, advantages, used, el, eh):
+    """Per row, over the used (nonzero) tokens: share with ratio < 1 - el and A < 0, and ratio > 1 + eh and A > 0."""
+    lows, highs = [], []
+    for row, a, u in zip(coef.tolist(), advantages.tolist(), used.tolist()):
+        tokens = [c for c, keep in zip(row, u) if keep != 0]
+        if not tokens:
+            lows.append(float("nan"))
+            highs.append(float("nan"))
+            continue
+        lows.append(sum(1 for c in tokens if c < 1 - el and a < 0) / len(tokens))
+        highs.append(sum(1 for c in tokens if c > 1 + eh and a > 0) / len(tokens))
+    return torch.tensor(lows, dtype=torch.float32), torch.tensor(highs, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("used_dtype", [torch.bool, torch.int64, torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(8))
+def test_clip_shares_matches_loop(seed, used_dtype):
+    g = torch.Generator().manual_seed(seed)
+    S, T = (int(x) for x in torch.randint(1, 12, (2,), generator=g))
+    # ratios on a grid of 1/8 and dyadic epsilons, so that ratios exactly at 1 - el / 1 + eh occur
+    coef = torch.randint(0, 17, (S, T), generator=g).double() / 8
+    advantages = torch.randint(-2, 3, (S,), generator=g).double()  # zero advantages included
+    used = (torch.rand(S, T, generator=g) < 0.6).to(used_dtype)
+    used[0] = 0  # a row with no used token
+    el, eh = [0.25, 0.125, 0.5][seed % 3], [0.25, 0.375, 0.5][(seed // 3) % 3]
+    low, high = clip_shares(coef, advantages, used, el, eh)
+    ref_low, ref_high = clip_shares_loop(coef, advantages, used, el, eh)
+    assert low.dtype == high.dtype == torch.float32 and low.shape == high.shape == (S,)
+    torch.testing.assert_close(low, ref_low, equal_nan=True)
+    torch.testing.assert_close(high, ref_high, equal_nan=True)
+    assert torch.isnan(low[0]) and torch.isnan(high[0])
+
+
+def test_clip_shares_edge_cases():
+    coef = torch.tensor([[0.5, 0.8, 1.0, 1.2, 2.0]], dtype=torch.float64)
+    used = torch.ones(1, 5)
+    # the bounds themselves are not clipped (strict inequalities); each side needs its advantage sign
+    low, high = clip_shares(coef, torch.tensor([-1.0]), used, 0.25, 0.25)
+    assert (low.item(), high.item()) == (pytest.approx(0.2), 0.0)
+    assert [x.item() for x in clip_shares(coef, torch.tensor([1.0]), used, 0.5, 1.0)] == [0.0, 0.0]
+    low, high = clip_shares(coef, torch.tensor([1.0]), used, 0.5, 0.5)
+    assert (low.item(), high.item()) == (0.0, pytest.approx(0.2))
+    assert [x.item() for x in clip_shares(coef, torch.tensor([0.0]), used, 0.1, 0.1)] == [0.0, 0.0]
+    low, high = clip_shares(torch.zeros(0, 3), torch.zeros(0), torch.zeros(0, 3), 0.2, 0.2)
+    assert low.shape == high.shape == (0,)
+
+
+def test_clip_shares_counts_nonzero_used_entries_as_tokens():
+    """`used`: nonzero = used, so a mask holding 2 (or 0.5) counts that token once, as a bool mask does."""
+    coef = torch.tensor([[0.5, 1.0, 1.0, 0.5]])
+    adv = torch.tensor([-1.0])
+    for used in (torch.tensor([[1, 2, 0, 3]]), torch.tensor([[0.5, 1.0, 0.0, 1.0]])):
+        torch.testing.assert_close(clip_shares(coef, adv, used, 0.2, 0.2),
+                                   clip_shares(coef, adv, used != 0, 0.2, 0.2))
+        torch.testing.assert_close(clip_shares(coef, adv, used, 0.2, 0.2)[0], torch.tensor([2 / 3]))
+
+
+def test_clip_shares_of_low_precision_ratios_are_float32_shares():
+    """bfloat16 ratios (logits of a bf16 model): the comparisons are exact, the shares are returned in
+    float32 and must be float32-accurate, as TRL's `.float()` means (bf16 counts past 256 are not)."""
+    T = 301
+    coef = torch.ones(2, T, dtype=torch.bfloat16)
+    coef[:, :3] = 0.5
+    coef[1, 3:10] = 2.0
+    low, high = clip_shares(coef, torch.tensor([-1.0, 1.0]), torch.ones(2, T), 0.2, 0.2)
+    ref_low, ref_high = clip_shares_loop(coef.float(), torch.tensor([-1.0, 1.0]), torch.ones(2, T), 0.2, 0.2)
+    torch.testing.assert_close(low, ref_low)
+    torch.testing.assert_close(high, ref_high)

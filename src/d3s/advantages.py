@@ -122,6 +122,11 @@ def weighted_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tenso
     """
     _checks.tensor("rewards_per_func", rewards_per_func, dims=(2,), kind="float")
     _checks.tensor("reward_weights", reward_weights, dims=(1,))
+    if reward_weights.numel() != rewards_per_func.size(1):
+        raise ValueError(
+            f"reward_weights has {reward_weights.numel()} weights for {rewards_per_func.size(1)} reward functions "
+            "(rewards_per_func's columns); give one weight per function"
+        )
     weights = reward_weights.to(rewards_per_func.device)
     rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # (B*G,)
     rewards[torch.isnan(rewards_per_func).all(dim=1)] = float("nan")

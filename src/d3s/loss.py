@@ -222,12 +222,12 @@ def clip_shares(
     Returns:
         `(low, high)`, each `(S,)` float32; NaN for a row with no used token.
     """
-    u = used.to(coef.dtype)  # (S, T)
+    u = used.bool().float()  # (S, T); the shares are counted in float32 whatever the ratios' dtype
     adv = advantages.unsqueeze(1)  # (S, 1)
     count = u.sum(1).clamp(min=1.0)  # (S,)
-    low = (((coef < 1 - epsilon_low) & (adv < 0)).to(u.dtype) * u).sum(1) / count  # (S,)
-    high = (((coef > 1 + epsilon_high) & (adv > 0)).to(u.dtype) * u).sum(1) / count  # (S,)
+    low = (((coef < 1 - epsilon_low) & (adv < 0)).float() * u).sum(1) / count  # (S,)
+    high = (((coef > 1 + epsilon_high) & (adv > 0)).float() * u).sum(1) / count  # (S,)
     rows = used.bool().any(dim=1)  # (S,)
-    low = torch.where(rows, low, torch.full_like(low, float("nan"))).float()
-    high = torch.where(rows, high, torch.full_like(high, float("nan"))).float()
+    low = torch.where(rows, low, torch.full_like(low, float("nan")))
+    high = torch.where(rows, high, torch.full_like(high, float("nan")))
     return low, high

@@ -2,34 +2,26 @@
 
 With nothing down-sampled (`variant="grpo"` or `"gspo"`) the trainer IS TRL's: its generation,
 advantages and loss run unchanged, and only metrics are added. Otherwise one generation batch goes
-through these steps (the paper's order: select first, then compute):
+through these steps (the paper's order: select first, then compute; docs/architecture.md has the
+whole data flow):
 
-1. TRL generates and scores every rollout. Its no-grad passes over all rollouts (old-policy and
-   reference log-probs) are deferred (`generation.DeferredPasses`). With transformers generation,
-   the entropy of every generated token is read from the logits `generate` computes anyway
-   (`generation.GenerationEntropy`): no extra pass.
+1. TRL generates and scores every rollout; its per-rollout no-grad passes are deferred, and the
+   entropies of the generated tokens come from generation's own logits (`generation`).
 2. Advantages: TRL's, with exactly 0 for a group of equal rewards (`d3s.advantages.zero_where_flat`).
-3. Sample selection (docs/method.md section 2) on the advantages gathered from ALL processes, so
-   every rank computes the same kept set; the kept rows are dealt out again evenly over the ranks
-   (`d3s.batch.deal_rows`, `rows.take_rows`; zero-weight padding rows, counted in `d3s/padding_rows`).
-4. For the kept rows only: the old-policy log-probs (when TRL needs them: vLLM's sampler
-   correction, or generation not aligned with optimizer steps), the reference log-probs (beta != 0)
-   and the sampler-correction ratio (`d3s.batch.sampler_correction_ratio`). Entropies for the token
-   mask come from generation; else from the old-policy pass; else (vLLM without the correction,
-   tool calling, a custom `rollout_func`) from one extra no-grad pass of the kept rows.
+3. Sample selection (docs/method.md section 2) on the advantages of ALL processes, so every rank
+   computes the same kept set; the kept rows are dealt out again evenly (`d3s.batch.deal_rows`, `rows`).
+4. The no-grad passes for the kept rows only (`passes`).
 5. The token mask (section 3): ONE threshold over the kept rows of all ranks.
-6. The training forward of each micro-batch stops at the last column holding a kept token and runs
-   the LM head (with gradient) only at the kept tokens (`selective_head`). A micro-batch whose
-   gradient is exactly zero (no kept token; or every kept advantage 0 with beta = 0) runs a 1-token
-   forward instead, so the optimizer still steps with zero gradients (`d3s/skipped_forwards`).
+6. The training forward stops at the last column holding a kept token and runs the LM head (with
+   gradient) only at the kept tokens (`selective_head`); a micro-batch whose gradient is exactly zero
+   runs a 1-token forward instead (`d3s/skipped_forwards`).
 7. The loss (`d3s.policy_loss`) divides by global counts over the generation batch
    (`d3s.batch.loss_denominator`), so the update does not depend on how TRL splits the rows.
 
-Given the same kept rows and token mask, steps 4-6 change the cost, never the update: the loss and
-its gradients equal those of the full masked computation (tested). Metrics and step timing:
-`step_metrics`; the KL metric at beta = 0: `kl_monitor`. The TRL methods overridden, called or read
-are pinned in `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`) scores TRL's full eval batch
-with TRL's objective.
+Given the same kept rows and token mask, steps 4-6 change the cost, never the update (tested).
+Metrics and step timing: `step_metrics`; the KL metric at beta = 0: `kl_monitor`; the TRL methods
+overridden, called or read: `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`) scores TRL's full
+eval batch with TRL's objective.
 """
 
 from __future__ import annotations
@@ -39,9 +31,9 @@ import contextlib
 import torch
 
 from d3s.advantages import weighted_rewards, zero_where_flat
-from d3s.batch import deal_rows, loss_denominator, sampler_correction_ratio
-from d3s.integrations.trl import step_metrics
-from d3s.integrations.trl.compat import GRPOTrainer, disable_gradient_checkpointing, is_peft_model, use_adapter
+from d3s.batch import deal_rows, loss_denominator
+from d3s.integrations.trl import passes, step_metrics
+from d3s.integrations.trl.compat import GRPOTrainer, is_peft_model
 from d3s.integrations.trl.config import D3SConfig
 from d3s.integrations.trl.generation import DeferredPasses, GenerationEntropy
 from d3s.integrations.trl.kl_monitor import KLMonitor
@@ -256,70 +248,13 @@ class D3SGRPOTrainer(GRPOTrainer):
         }
         return batch
 
-    @torch.no_grad()
     def _d3s_kept_row_passes(self, batch: dict, mask: torch.Tensor, need_entropy: bool) -> dict:
-        """Old-policy, reference and sampler-correction terms of the kept rows only (what TRL computes
-        for every rollout before the rewards exist), plus entropies when no pass that runs anyway gave them.
-        """
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-        need_old = self.args.gradient_accumulation_steps % generate_every != 0 or vllm_correction
-        need_entropy = need_entropy and "d3s_entropies" not in batch
-        out = {"entropies": None, "entropy_source": None}
-        if need_old or need_entropy:
-            logps, entropies = self._d3s_no_grad_logps(self.model, batch, mask, entropy=need_entropy)
-            if need_old:
-                batch["old_per_token_logps"] = logps  # (R, T')
-            if need_entropy:
-                out["entropies"] = entropies
-                out["entropy_source"] = "old-policy pass" if need_old else "extra no-grad pass"
-        if self.beta != 0.0:
-            batch["ref_per_token_logps"] = self._d3s_reference_logps(batch, mask)
-        if vllm_correction:
-            ratio = sampler_correction_ratio(
-                batch["old_per_token_logps"],
-                batch["sampling_per_token_logps"],
-                mask,
-                self.vllm_importance_sampling_mode,
-                self.vllm_importance_sampling_clip_min,
-                self.vllm_importance_sampling_clip_max,
-            )
-            batch["importance_sampling_ratio"] = ratio
-            step_metrics.replace_sampling_metrics(
-                self.accelerator, self._metrics["train"], batch["old_per_token_logps"],
-                batch["sampling_per_token_logps"], mask, ratio,
-            )
-        return out
+        """The kept rows' old-policy, reference and sampler-correction terms (`passes.kept_row_passes`)."""
+        return passes.kept_row_passes(self, batch, mask, need_entropy)
 
     def _d3s_no_grad_logps(self, model, batch, mask, entropy: bool = False):
-        """Log-probs (and entropies) of the valid completion tokens, in chunks of the training batch size."""
-        chunk = self.args.per_device_train_batch_size
-        logps, entropies = [], []
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            for start in range(0, mask.size(0), chunk):
-                rows = slice(start, start + chunk)
-                lp, ent, _ = selective_forward(
-                    model,
-                    self.accelerator,
-                    batch["prompt_ids"][rows],
-                    batch["prompt_mask"][rows],
-                    batch["completion_ids"][rows],
-                    batch["completion_mask"][rows],
-                    grad_positions=None,
-                    value_positions=mask[rows].bool(),
-                    entropy=entropy,
-                )
-                logps.append(lp)
-                entropies.append(ent)
-        return torch.cat(logps), (torch.cat(entropies) if entropy else None)
-
-    def _d3s_reference_logps(self, batch, mask):
-        if self.ref_model is not None:
-            return self._d3s_no_grad_logps(self.ref_model, batch, mask)[0]
-        # PEFT: the reference is the base model (adapters off) or the "ref" adapter, as in TRL
-        model = self.accelerator.unwrap_model(self.model)
-        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
-            return self._d3s_no_grad_logps(self.model, batch, mask)[0]
+        """`(per_token_logps, entropies or None)` of the valid completion tokens under `model`, no gradient."""
+        return passes.no_grad_logps(self, model, batch, mask, entropy=entropy)
 
     # -- token level (paper eq. 8) ------------------------------------------------------------------
 
