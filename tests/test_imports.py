@@ -150,6 +150,30 @@ def test_the_application_imports_follow_its_layers():
     assert not upward, upward
 
 
+LAZY_APP_MODULES = {"d3s.app.run_trainer"}  # imports TRL: `d3s.app.train` imports it when a run starts
+
+
+def test_application_modules_are_imported_at_the_top():
+    """Inside `d3s.app`, an import in a function body is for a heavy framework, not for another app module:
+    only the module that imports TRL is imported late."""
+    modules = module_names(SRC)
+    late = []
+    for module, path in modules.items():
+        if not module.startswith("d3s.app"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.ImportFrom) and inner.level:
+                        late.append(f"{module}: from {'.' * inner.level}{inner.module or ''}")
+                    elif isinstance(inner, (ast.Import, ast.ImportFrom)):
+                        names = [a.name for a in inner.names] if isinstance(inner, ast.Import) else [inner.module or ""]
+                        late += [f"{module}: {n}" for n in names
+                                 if n.startswith("d3s.app") and _target(n, modules) not in LAZY_APP_MODULES]
+    assert not late, late
+
+
 @pytest.mark.parametrize("doc", ["docs/architecture.md"])
 def test_the_documented_import_order_is_the_code(doc):
     """The diagram in the architecture page names the same layers, lowest last, with the same modules."""
