@@ -25,7 +25,7 @@ from d3s.app.compare import cmd_compare
 from d3s.app.errors import UsageError
 from d3s.app.evaluation.report import load_results, render_report, render_table
 from d3s.app.evaluation.runner import EvalConfig, run_eval
-from d3s.app.options import dataclass_parser, parse_dataclasses
+from d3s.app.options import dataclass_parser, parse_command, parse_dataclasses
 from d3s.app.train import cmd_train
 
 USAGE_EXIT = 2
@@ -79,13 +79,11 @@ def cmd_eval(argv: Sequence[str]) -> int:
 
 def cmd_eval_table(argv: Sequence[str]) -> int:
     """`d3s eval-table`: render results files side by side (e.g. base vs GRPO vs D3S)."""
-    parser = dataclass_parser(
-        (EvalTableArgs,),
-        prog="d3s eval-table",
-        description="Render d3s eval results files (or their folders) as one markdown table "
-        "laid out like the paper's Table 1, one row per file.",
+    (args,), _ = parse_command(
+        (EvalTableArgs,), argv, prog="d3s eval-table",
+        description="Render d3s eval results files (or their folders) as one markdown table laid out like the "
+        "paper's Table 1, one row per file.",
     )
-    (args,), _ = parse_dataclasses(parser, (EvalTableArgs,), argv)
     results = [load_results(path) for path in args.results]
     table = render_table(results, labels=args.labels, ks=args.ks)
     print(table, end="")

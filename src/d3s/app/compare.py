@@ -31,7 +31,7 @@ from typing import Sequence
 from d3s.app.compare_markdown import render_markdown
 from d3s.app.compare_summary import run_dir, summarize
 from d3s.app.errors import RecipeError
-from d3s.app.options import dataclass_parser, parse_dataclasses
+from d3s.app.options import parse_command
 from d3s.app.plots import plot_compare
 from d3s.app.recipe import parse_train_args
 from d3s.app.runfolder import KeepCheckpoints, RunFolderError, is_run_folder, prune_checkpoints, training_changes
@@ -125,13 +125,11 @@ def claim_root(root: Path) -> None:
 
 def cmd_compare(argv: Sequence[str]) -> int:
     """`d3s compare`: see the module docstring."""
-    parser = dataclass_parser(
-        (CompareArgs,),
-        prog="d3s compare",
-        description="Train several variants with several seeds on the same task and generation budget; "
-        "write overlaid curves and a summary table. Other options are d3s train fields (see d3s train --help).",
+    (args,), train_argv = parse_command(
+        (CompareArgs,), argv, prog="d3s compare", known_only=True,
+        description="Train several variants with several seeds on the same task and generation budget; write "
+        "overlaid curves and a summary table. Other options are d3s train fields (see d3s train --help).",
     )
-    (args,), train_argv = parse_dataclasses(parser, (CompareArgs,), argv, known_only=True)
     variants, seeds = list(args.variants), list(args.seeds)
     for bad in ("--variant", "--seed", "--output_dir", "--resume"):
         if bad in train_argv:

@@ -36,86 +36,70 @@ def _seconds(d: dict | None, key: str) -> str:
     return "-" if not d or d.get(key) is None else f"{d[key]:.1f}"
 
 
+def _section(title: str, note: str, head: list[str], rows: list[list[str]]) -> list[str]:
+    """A titled markdown table with a note under its title."""
+    return [f"## {title}", "", note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
 def _accuracy(summary: dict) -> list[str]:
     ref = summary["reference"]
-    lines = [
-        "## Final held-out accuracy",
-        "",
+    rows = [[v, _pct(row["final_accuracy_mean"]), _ci(row["seed_ci95"]), _ci(row["pooled_ci95"]),
+             ", ".join(_pct(a) for a in row["final_accuracy_per_seed"]),
+             _points(row["diff_to_reference_mean"]) if v != ref else "-",
+             _ci(row["diff_to_reference_ci95"], _points) if v != ref else "-", _pct(row["no_signal_share_mean"])]
+            for v, row in summary["variants"].items()]
+    return _section(
+        "Final held-out accuracy",
         f"Mean over seeds with a 95% t-interval over seeds (needs 2 seeds) and the 95% Wilson interval of the "
         f"pooled answers; the difference to {ref} is paired by seed, in percentage points.",
-        "",
-        "| variant | final acc (mean) | 95% CI over seeds | pooled 95% CI | per seed | vs " + ref + " (points) "
-        "| paired 95% CI | steps with no signal |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for v, row in summary["variants"].items():
-        lines.append(
-            f"| {v} | {_pct(row['final_accuracy_mean'])} | {_ci(row['seed_ci95'])} | {_ci(row['pooled_ci95'])} | "
-            f"{', '.join(_pct(a) for a in row['final_accuracy_per_seed'])} | "
-            f"{_points(row['diff_to_reference_mean']) if v != ref else '-'} | "
-            f"{_ci(row['diff_to_reference_ci95'], _points) if v != ref else '-'} | {_pct(row['no_signal_share_mean'])} |")
-    return lines
+        ["variant", "final acc (mean)", "95% CI over seeds", "pooled 95% CI", "per seed", f"vs {ref} (points)",
+         "paired 95% CI", "steps with no signal"], rows)
 
 
 def _cost(summary: dict) -> list[str]:
-    lines = [
-        f"## Cost to reach {summary['reference']}'s final accuracy ({summary['target_accuracy']:.1%})",
-        "",
+    rows = [[v, f"{row['seeds_reaching_target']}/{len(summary['seeds'])}",
+             _minutes(row["wall_s_to_target_mean"]) + _span(row["wall_s_to_target_spread"], _minutes),
+             _tokens(row["computed_to_target_mean"]) + _span(row["computed_to_target_spread"], _tokens),
+             _tokens(row["tokens_to_target_mean"]), _times(row["speedup_wall"]), _times(row["speedup_computed"]),
+             _minutes(row["train_wall_s_mean"]), _tokens(row["computed_tokens_mean"])]
+            for v, row in summary["variants"].items()]
+    return _section(
+        f"Cost to reach {summary['reference']}'s final accuracy ({summary['target_accuracy']:.1%})",
         "At the first held-out evaluation after training began at or above the target; mean (range) over the "
         "seeds that reached it. Wall-clock counts training (generation included), not evaluation. Positions "
         "computed: what the training forward computes (the cost); tokens in the loss: what it trains on.",
-        "",
-        "| variant | reached | wall-clock to target | positions computed to target | tokens in loss to target "
-        "| speedup (wall) | speedup (computed) | whole run: wall-clock | whole run: positions computed |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for v, row in summary["variants"].items():
-        lines.append(
-            f"| {v} | {row['seeds_reaching_target']}/{len(summary['seeds'])} | {_minutes(row['wall_s_to_target_mean'])}"
-            f"{_span(row['wall_s_to_target_spread'], _minutes)} | {_tokens(row['computed_to_target_mean'])}"
-            f"{_span(row['computed_to_target_spread'], _tokens)} | {_tokens(row['tokens_to_target_mean'])} | "
-            f"{_times(row['speedup_wall'])} | {_times(row['speedup_computed'])} | "
-            f"{_minutes(row['train_wall_s_mean'])} | {_tokens(row['computed_tokens_mean'])} |")
-    return lines
+        ["variant", "reached", "wall-clock to target", "positions computed to target", "tokens in loss to target",
+         "speedup (wall)", "speedup (computed)", "whole run: wall-clock", "whole run: positions computed"], rows)
 
 
 def _step_time(summary: dict) -> list[str]:
     ref = summary["reference"]
     timed = [row["step_seconds_mean"] or {} for row in summary["variants"].values()]
     parts = list(dict.fromkeys(p for d in timed for p in d if p != "step"))  # as the runs timed and named them
-    lines = [
-        "## Where a training step's time goes",
-        "",
-        "Seconds per step, mean over steps and seeds: TRL's `step_time` (generation included, the optimizer update "
-        "not) and, where the runs timed them, its parts (`d3s/time/*`: generation with reward scoring; selection "
-        "with the kept rows' passes; the KL metric; the loss forward; the backward pass and the rest).",
-        "",
-        "| " + " | ".join(["variant", "step", *(p.replace("_", " ") for p in parts), f"step vs {ref}"]) + " |",
-        "|---|---|" + "---|" * len(parts) + "---|",
-    ]
     ref_step = (summary["variants"][ref]["step_seconds_mean"] or {}).get("step")
+    rows = []
     for v, row in summary["variants"].items():
         d = row["step_seconds_mean"]
         ratio = "-" if not d or not ref_step or d.get("step") is None else f"{d['step'] / ref_step:.2f}"
-        lines.append(f"| {v} | {_seconds(d, 'step')} | " + "".join(f"{_seconds(d, p)} | " for p in parts) + f"{ratio} |")
-    return lines
+        rows.append([v, _seconds(d, "step"), *(_seconds(d, p) for p in parts), ratio])
+    return _section(
+        "Where a training step's time goes",
+        "Seconds per step, mean over steps and seeds: TRL's `step_time` (generation included, the optimizer update "
+        "not) and, where the runs timed them, its parts (`d3s/time/*`: generation with reward scoring; selection "
+        "with the kept rows' passes; the KL metric; the loss forward; the backward pass and the rest).",
+        ["variant", "step", *(p.replace("_", " ") for p in parts), f"step vs {ref}"], rows)
 
 
 def _runs(summary: dict) -> list[str]:
-    lines = [
-        "## Runs",
-        "",
+    rows = [[f"{v} seed {p['seed']}", _pct(p["final_accuracy"]), _minutes(p["train_wall_s"]),
+             _minutes(p["command_wall_s"]), _pct(p["no_signal_steps"]), f"`{p['code_version']}`"]
+            for v, row in summary["variants"].items() for p in row["per_seed"]]
+    return _section(
+        "Runs",
         "Training wall-clock, and the whole `d3s train` command that finished the run (model loading and held-out "
         "evaluations included; a resumed run: its last part).",
-        "",
-        "| run | final acc | training wall-clock | whole command | steps with no signal | code version |",
-        "|---|---|---|---|---|---|",
-    ]
-    for v, row in summary["variants"].items():
-        for p in row["per_seed"]:
-            lines.append(f"| {v} seed {p['seed']} | {_pct(p['final_accuracy'])} | {_minutes(p['train_wall_s'])} | "
-                         f"{_minutes(p['command_wall_s'])} | {_pct(p['no_signal_steps'])} | `{p['code_version']}` |")
-    return lines
+        ["run", "final acc", "training wall-clock", "whole command", "steps with no signal", "code version"], rows)
 
 
 def _notes(summary: dict) -> list[str]:

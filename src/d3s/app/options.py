@@ -152,3 +152,10 @@ def parse_dataclasses(parser: argparse.ArgumentParser, classes: Sequence[type], 
         kwargs = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.init}
         out.append(cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}))
     return tuple(out), rest
+
+
+def parse_command(classes: Sequence[type], argv: Sequence[str], *, prog: str, description: str,
+                  known_only: bool = False) -> tuple[tuple[Any, ...], list[str]]:
+    """`parse_dataclasses` with the parser of `classes`: one instance per class, and what is left over."""
+    parser = dataclass_parser(classes, prog=prog, description=description)
+    return parse_dataclasses(parser, classes, argv, known_only=known_only)
