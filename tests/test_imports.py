@@ -27,7 +27,8 @@ APP_LAYERS = {
     "evaluation": ["d3s.app.evaluation.aggregate", "d3s.app.evaluation.benchmarks",
                    "d3s.app.evaluation.prompts", "d3s.app.evaluation.generation", "d3s.app.evaluation.report",
                    "d3s.app.evaluation.heldout"],
-    "jobs": ["d3s.app.evaluation.runner", "d3s.app.evaluation", "d3s.app.run_trainer", "d3s.app.train", "d3s.app.compare_summary",
+    "jobs": ["d3s.app.evaluation.runner", "d3s.app.evaluation", "d3s.app.run_trainer", "d3s.app.train",
+             "d3s.app.compare_summary",
              "d3s.app.compare_markdown", "d3s.app.compare"],
     "cli": ["d3s.app.cli", "d3s.app.__main__", "d3s.app"],
 }

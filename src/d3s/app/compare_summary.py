@@ -53,7 +53,8 @@ def _mean_parts(parts: list[dict | None]) -> dict[str, float] | None:
 def _load_run(root: Path, variant: str, seed: int) -> dict:
     folder = run_dir(root, variant, seed)
     summary = json.loads((folder / "summary.json").read_text())
-    return {"seed": seed, "summary": summary, "records": with_computed_tokens(read_run_records(folder / "metrics.jsonl")),
+    records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
+    return {"seed": seed, "summary": summary, "records": records,
             "version": _run_version(folder, summary), "recipe_checked": (folder / "run_config.json").is_file()}
 
 

@@ -9,7 +9,7 @@ What a run guarantees about its folder (docs/reliability.md says how each is tes
   crashed or killed run never leaves it stuck.
 - its records are replaced atomically (`atomic_write_text`: a temporary file, fsync, rename).
 - a checkpoint is written into `.staging/checkpoint-N` and renamed into place once complete, so a
-  kill during a save leaves no half `checkpoint-N` (see `d3s.app.train`), and `complete_checkpoints`
+  kill during a save leaves no half `checkpoint-N` (see `d3s.app.run_trainer`), and `complete_checkpoints`
   checks every file a resume needs before it is used, newest first.
 - a resume refuses a recipe that changes training (`training_changes`).
 """

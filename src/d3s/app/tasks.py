@@ -303,7 +303,10 @@ def score_math_answer(completion: str, gold: str) -> float:
     return score_math(completion, gold).value
 
 
-def _file_rows(path: Path) -> tuple[list[tuple[int, Any]], Callable[[int, int], str]]:
+Where = Callable[[int, int], str]  # (line, index) of a row -> where it is, for a message
+
+
+def _file_rows(path: Path) -> tuple[list[tuple[int, Any]], Where]:
     """The `(line, row)` of a local dataset file, and where a row is, for messages (`d3s.app.datafiles`)."""
     if path.suffix not in (".json", ".jsonl", ".parquet"):
         raise RecipeError(f"dataset file {path} must be .json, .jsonl or .parquet, not {path.suffix or 'no suffix'!r}")
@@ -318,7 +321,7 @@ def _file_rows(path: Path) -> tuple[list[tuple[int, Any]], Callable[[int, int], 
     return numbered, lambda n, i: f"dataset {path} line {n}" if n else f"dataset {path} item {i}"
 
 
-def _hub_rows(config: MathTaskConfig, fields: dict[str, str]) -> tuple[list[tuple[int, Any]], Callable[[int, int], str]]:
+def _hub_rows(config: MathTaskConfig, fields: dict[str, str]) -> tuple[list[tuple[int, Any]], Where]:
     """The rows of a hub dataset (or its local cache), and where a row is, for messages."""
     from datasets import load_dataset
 

@@ -11,7 +11,15 @@ The names below are the Python API of `d3s eval` (docs/eval.md).
 from d3s.app.scoring import Score, score_completion
 
 from .aggregate import average_metrics, benchmark_metrics
-from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, BenchmarkError, BenchmarkSpec, Problem, extract_gold, load_benchmark
+from .benchmarks import (
+    BENCHMARKS,
+    PAPER_BENCHMARKS,
+    BenchmarkError,
+    BenchmarkSpec,
+    Problem,
+    extract_gold,
+    load_benchmark,
+)
 from .report import load_results, render_table
 from .runner import EvalConfig, run_eval
 
