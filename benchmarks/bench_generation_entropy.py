@@ -42,7 +42,8 @@ def main() -> None:
     from d3s.app.models import resolve_model
     from d3s.app.recipe import RunArgs
     from d3s.app.evaluation.prompts import render_prompt
-    from d3s.app.tasks import prompt_text, score_arith, train_problems
+    from d3s.app.scoring import score_arith
+    from d3s.app.tasks import prompt_text, train_problems
 
     path = resolve_model(a.model)
     tok = AutoTokenizer.from_pretrained(path)

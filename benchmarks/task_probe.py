@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    task = build_task(run, args.groups)
+    task = build_task(run.task_config(), args.groups)
     if run.task == "arith":
         cfg = run.task_config()
         keys = {canonical_key(x["expression"]) for x in generate_problems(cfg, cfg.train_seed, args.draws)}

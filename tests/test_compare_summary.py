@@ -7,7 +7,9 @@ import statistics
 
 import pytest
 
-from d3s.app.compare import mean_interval, render_markdown, summarize, t_quantile_975
+from d3s.app.compare_markdown import render_markdown
+from d3s.app.compare_summary import summarize
+from d3s.app.intervals import mean_interval, t_quantile_975
 from d3s.app.runfolder import no_signal_share
 
 

@@ -10,12 +10,13 @@ import pytest
 pytest.importorskip("datasets")
 
 from d3s import cli  # noqa: E402
-from d3s.app.recipe import RecipeError, RunArgs  # noqa: E402
+from d3s.app.errors import RecipeError  # noqa: E402
+from d3s.app.recipe import RunArgs  # noqa: E402
 from d3s.app.tasks import load_math_rows  # noqa: E402
 
 
 def rows_of(path, **fields):
-    return load_math_rows(RunArgs(task="math", dataset=str(path), **fields))
+    return load_math_rows(RunArgs(task="math", dataset=str(path), **fields).task_config())
 
 
 def write_jsonl(path, rows):

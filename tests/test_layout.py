@@ -1,53 +1,36 @@
-"""The package layout: old module names still import (with a warning), the error types share one base,
-the entry points work, and no docstring or page points at a file the repository does not have."""
+"""The package layout: the core loads no application module, the error types share one base, the entry
+points work, and no docstring or page points at a file the repository does not have."""
 
-import importlib
 import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-import d3s
-from d3s import _moved
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("old, new", sorted(_moved.MOVED.items()))
-def test_old_module_names_are_the_new_modules(old, new):
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"{re.escape(old)} is now {re.escape(new)}"):
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-
-
-def test_a_submodule_of_a_moved_package_is_not_loaded_twice():
-    from d3s.app.evaluation import scoring
-
-    sys.modules.pop("d3s.evaluation.scoring", None)
-    sys.modules.pop("d3s.evaluation", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from d3s.evaluation.scoring import score_math
-        from d3s.sampling import select_rollouts
-    assert score_math is scoring.score_math
-    assert select_rollouts is d3s.select_rollouts
-
-
 def test_importing_the_core_loads_no_application_module():
-    code = "import sys, d3s; print(sorted(m for m in sys.modules if m.startswith(('d3s.app', 'transformers'))))"
+    code = "import sys, d3s; print(sorted(m for m in sys.modules if m.startswith(('d3s.app', 'transformers', 'trl'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
+@pytest.mark.parametrize("command", [[], ["compare", "--help"], ["eval", "--help"], ["eval-table", "--help"]])
+def test_the_command_line_loads_the_frameworks_only_when_a_job_needs_them(command):
+    """`d3s --help` and the help of the jobs other than `d3s train` load neither transformers nor TRL."""
+    code = ("import sys; from d3s.app.cli import main; main(sys.argv[1:]); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'trl', 'datasets', 'matplotlib'}))")
+    out = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True, check=True).stdout
+    heavy = out.strip().splitlines()[-1]
+    assert heavy == "[]", heavy
+
+
 def test_usage_errors_share_one_base():
-    from d3s.app.errors import UsageError
+    from d3s.app.errors import RecipeError, UsageError
     from d3s.app.evaluation.benchmarks import BenchmarkError
     from d3s.app.evaluation.generation import ModelLoadError
-    from d3s.app.recipe import RecipeError
     from d3s.app.runfolder import RunFolderError
 
     for error in (RecipeError, BenchmarkError, ModelLoadError, RunFolderError):
@@ -60,11 +43,11 @@ def test_python_dash_m_runs_the_command(module):
     assert done.returncode == 0 and "usage: d3s COMMAND" in done.stdout
 
 
-def test_the_console_script_and_the_old_entry_point_are_one_function():
+def test_the_console_script_and_the_launcher_are_one_function():
     from d3s.app.cli import main
-    from d3s.cli import main as old
+    from d3s.cli import main as launcher
 
-    assert old is main
+    assert launcher is main
 
 
 _PATH = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.(?:py|md|yaml))`")

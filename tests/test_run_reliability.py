@@ -22,7 +22,7 @@ pytest.importorskip("trl")
 
 from d3s import cli  # noqa: E402
 from d3s.app import train as train_mod  # noqa: E402
-from d3s.app.recipe import RecipeError  # noqa: E402
+from d3s.app.errors import RecipeError  # noqa: E402
 from d3s.app.runfolder import LOCK_NAME, RunFolderError, claim_folder, complete_checkpoints, prune_checkpoints  # noqa: E402,E501
 
 TIMING_KEYS = ("wall_s", "step_time")  # with d3s/time/*, the only fields allowed to differ between two runs

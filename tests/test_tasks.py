@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from d3s.app import tasks
-from d3s.app.tasks import ArithmeticTaskConfig, arith_reward, canonical_key, extract_final_number
+from d3s.app.scoring import extract_final_number
+from d3s.app.tasks import ArithmeticTaskConfig, arith_reward, canonical_key
 
 SMALL = ArithmeticTaskConfig(heldout_size=50)
 

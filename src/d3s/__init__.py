@@ -15,8 +15,6 @@ torch only; trainer integrations live in `d3s.integrations` and import their fra
     batch               deal_rows, loss_denominator, ...       a trainer's per-batch arithmetic
 """
 
-from d3s import _moved
-
 from d3s.advantages import group_advantages
 from d3s.entropy import token_entropy
 from d3s.loss import policy_loss
@@ -27,8 +25,6 @@ from d3s.token_selection import nonfinite_scores, num_tokens_to_keep, token_mask
 from d3s.variants import VARIANTS, Variant, get_variant
 
 __version__ = "0.1.0"
-
-_moved.install()  # old module names (d3s.sampling, d3s.train, ...) keep working, with a warning
 
 __all__ = [
     "VARIANTS",

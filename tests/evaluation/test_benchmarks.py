@@ -8,17 +8,21 @@ from pathlib import Path
 
 import pytest
 
+from d3s.app.datafiles import read_rows
 from d3s.app.evaluation.benchmarks import (
     BENCHMARKS,
     BenchmarkError,
     extract_gold,
-    last_boxed,
     load_benchmark,
-    read_records,
     resolve_name,
 )
+from d3s.app.scoring import last_boxed
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
+
+
+def read_records(path: Path) -> list[dict]:
+    return [row for _, row in read_rows(path)]
 
 
 def golds(problems):

@@ -194,10 +194,10 @@ def test_eval_table_side_by_side(tiny_model, tiny_gsm8k, tmp_path, capsys):
     p1 = 100 * sum(tuned_counts) / 12
     p4 = 100 * sum(pass_at_k(4, c, 4) for c in tuned_counts) / 3
     assert rows[2] == f"| GRPO | {p1:.1f}/{p4:.1f} | {p1:.1f}/{p4:.1f} |"
-    # k beyond the stored n is refused with the valid range (--k: the former spelling of --ks).
-    assert main(["eval-table", str(base), "--k", "1,8"]) == 2
+    # k beyond the stored n is refused with the valid range
+    assert main(["eval-table", str(base), "--ks", "1,8"]) == 2
     err = capsys.readouterr().err
-    assert "d3s eval-table: note: --k is now --ks" in err and "k=[8] > n=4" in err
+    assert err.count("\n") == 1 and "k=[8] > n=4" in err
 
 
 @pytest.mark.parametrize(
@@ -242,23 +242,7 @@ def test_top_level_usage(capsys):
     assert "unknown command 'nonsense'; valid: " in err and "eval, eval-table" in err
 
 
-# Options: derived from EvalConfig, spelled like `d3s train`'s; the former spellings still work.
-
-OLD_AND_NEW = [  # (former spelling, current spelling) of every option that changed
-    (["--max-new-tokens", "7"], ["--max_new_tokens", "7"]),
-    (["--top-p", "0.5"], ["--top_p", "0.5"]),
-    (["--top-k", "3"], ["--top_k", "3"]),
-    (["--data-dir", "DATA"], ["--data_dir", "DATA"]),
-    (["--batch-size", "5"], ["--batch_size", "5"]),
-    (["--prompt-template", "Q: {question}"], ["--prompt_template", "Q: {question}"]),
-    (["--system-prompt", "Be brief."], ["--system_prompt", "Be brief."]),
-    (["--require-boxed"], ["--require_boxed", "true"]),
-    (["--verify-timeout", "2"], ["--verify_timeout", "2"]),
-    (["--score-workers", "1"], ["--score_workers", "1"]),
-    (["--no-progress"], ["--progress", "false"]),
-    (["--output", "OUT"], ["--output_dir", "OUT"]),
-    (["--k", "1,2"], ["--ks", "1,2"]),
-]
+# Options: the fields of EvalConfig, spelled like `d3s train`'s (d3s.app.options).
 
 
 def parse(argv, tmp_path):
@@ -273,7 +257,7 @@ def test_every_config_field_is_an_option_with_help(capsys):
 
     from d3s.app.cli import EvalCommandArgs, eval_parser
 
-    parser, renamed = eval_parser()
+    parser = eval_parser()
     options = {o: a for a in parser._actions for o in a.option_strings}
     for cls in (EvalConfig, EvalCommandArgs):
         for f in fields(cls):
@@ -281,7 +265,6 @@ def test_every_config_field_is_an_option_with_help(capsys):
                 assert f"--{f.name}" in options, f.name
                 assert options[f"--{f.name}"].help, f.name
     assert not [o for o in options if "-" in o[2:]]  # one spelling each: snake_case
-    assert set(renamed.values()) <= set(options)
     assert main(["eval", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--max_new_tokens MAX_NEW_TOKENS" in out and "(default: 2048)" in out
@@ -289,25 +272,25 @@ def test_every_config_field_is_an_option_with_help(capsys):
     assert "--max-new-tokens" not in out
 
 
-def test_former_spellings_give_the_same_settings_with_a_note(tmp_path, capsys):
-    old = [a for pair in OLD_AND_NEW for a in pair[0]]
-    new = [a for pair in OLD_AND_NEW for a in pair[1]]
-    new_config, new_command = parse(new, tmp_path)
-    assert capsys.readouterr().err == ""
-    old_config, old_command = parse(old, tmp_path)
-    notes = capsys.readouterr().err.splitlines()
-    assert (old_config, old_command) == (new_config, new_command)
-    assert new_config.ks == (1, 2) and new_config.require_boxed and not new_command.progress
-    assert new_config.output_dir == str(tmp_path / "o")
-    assert "d3s eval: note: --max-new-tokens is now --max_new_tokens" in notes
-    assert "d3s eval: note: --output is now --output_dir" in notes
-    assert "d3s eval: note: --k is now --ks" in notes
-    assert "d3s eval: note: --no-progress is now --no_progress" in notes
-    assert len(notes) == len(OLD_AND_NEW)
-    # `--name=value` too, and one note per spelling however often it is given
-    config, _ = parse(["--top-k=4", "--top-k", "5"], tmp_path)
+@pytest.mark.parametrize("option", ["--max-new-tokens", "--output", "--k", "--no-progress", "--max_new"])
+def test_one_spelling_per_option(option, capsys):
+    """No other spelling of an option is taken: kebab-case, the former `--output` / `--k`, abbreviations."""
+    assert main(["eval", "--model", "m", option, "7"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"d3s eval: error: unrecognized arguments: {option} 7"]
+
+
+def test_settings_from_the_command_line(tmp_path):
+    config, command = parse(["--max_new_tokens", "7", "--top_p", "0.5", "--top_k", "3", "--data_dir", "DATA",
+                             "--batch_size", "5", "--prompt_template", "Q: {question}", "--system_prompt", "Be brief.",
+                             "--require_boxed", "--verify_timeout", "2", "--score_workers", "1", "--no_progress",
+                             "--output_dir", "OUT", "--ks", "1,2"], tmp_path)
+    assert (config.max_new_tokens, config.top_p, config.top_k, config.batch_size) == (7, 0.5, 3, 5)
+    assert (config.data_dir, config.output_dir) == (str(tmp_path), str(tmp_path / "o"))
+    assert (config.prompt_template, config.system_prompt) == ("Q: {question}", "Be brief.")
+    assert (config.require_boxed, config.verify_timeout, config.score_workers) == (True, 2, 1)
+    assert config.ks == (1, 2) and not command.progress
+    config, _ = parse(["--top_k=4", "--top_k", "5"], tmp_path)  # `--name=value` too; the last one wins
     assert config.top_k == 5
-    assert capsys.readouterr().err.splitlines() == ["d3s eval: note: --top-k is now --top_k"]
 
 
 def test_switches_bare_or_with_a_value(tmp_path):
@@ -318,24 +301,3 @@ def test_switches_bare_or_with_a_value(tmp_path):
     config, command = parse(["--require_boxed", "false", "--overwrite", "true", "--progress", "true"],
                             tmp_path)
     assert (config.require_boxed, config.overwrite, command.progress) == (False, True, True)
-
-
-def test_former_spellings_end_to_end(tiny_model, tiny_gsm8k, tmp_path, capsys):
-    new, old = tmp_path / "new", tmp_path / "old"
-    assert main(eval_args(tiny_model, tiny_gsm8k, new, "--n", "2", "--ks", "1,2",
-                          "--batch_size", "4")) == 0
-    capsys.readouterr()
-    assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"gsm8k={tiny_gsm8k}", "--output",
-                 str(old), "--max-new-tokens", "6", "--no-progress", "--score-workers", "1", "--n", "2",
-                 "--k", "1,2", "--batch-size", "4"]) == 0
-    captured = capsys.readouterr()
-    assert f"results: {old}/results.json" in captured.out
-    assert "d3s eval: note: --batch-size is now --batch_size" in captured.err
-    assert read_cache(old) == read_cache(new)
-
-
-def test_a_bad_former_spelling_names_the_current_one(capsys):
-    assert main(["eval", "--model", "m", "--max-new-tokens", "many"]) == 2
-    err = capsys.readouterr().err.splitlines()
-    assert err == ["d3s eval: note: --max-new-tokens is now --max_new_tokens",
-                   "d3s eval: error: argument --max_new_tokens: 'many' is not an integer"]

@@ -11,7 +11,8 @@ from d3s.app.evaluation.generation import call_plan  # noqa: E402
 from d3s.app.evaluation.heldout import heldout_accuracy  # noqa: E402
 from d3s.app.evaluation.runner import EvalConfig, run_eval  # noqa: E402
 from d3s.app.models import tiny_model_path  # noqa: E402
-from d3s.app.tasks import ARITH_INSTRUCTION, TaskData, arith_reward, score_arith  # noqa: E402
+from d3s.app.scoring import score_arith  # noqa: E402
+from d3s.app.tasks import ARITH_INSTRUCTION, TaskData, arith_reward  # noqa: E402
 
 ROWS = [  # prompts of different lengths: the call plan reorders them, batches of 2 mix lengths
     {"question": "What is 3 + 4?", "answer": "7"},

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from d3s.app.evaluation import scoring
-from d3s.app.evaluation.scoring import Score, score_completion, score_math
+from d3s.app import scoring
+from d3s.app.scoring import Score, score_completion, score_math
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,20 @@
 """The `d3s` command: recipes, tasks and models around `D3SGRPOTrainer`, and the jobs built on them.
 
-    cli          the command line: `d3s train | compare | eval | eval-table`
-    recipe       recipes (YAML + command-line overrides) -> `RunArgs` and `D3SConfig`; recipes/*.yaml
-    tasks        the verifiable tasks: embedded arithmetic and a math dataset (problems, prompts, rewards)
-    models       the embedded SmolLM2 model and the tiny test model, converted once and cached
-    train        `d3s train`: one run with held-out accuracy, records, checkpoints and resume
-    compare      `d3s compare`: variants x seeds, side by side
-    runfolder    a run's output folder: lock, atomic writes, complete checkpoints
-    plots        PNG plots from `metrics.jsonl`
-    evaluation/  `d3s eval`: benchmarks, prompts, samplers, scoring, pass@k / Avg@n, reports
-    errors       `UsageError`: a bad value from the user, reported in one line
+Bottom-up, in import order (docs/architecture.md draws it; tests/test_imports.py checks it):
+
+    errors            `UsageError`, `RecipeError`, `SettingsError`: bad input, reported in one line
+    datafiles         JSON and question/answer files (JSON, JSON lines, parquet), read one way
+    scoring           answers and their scores (numeric, math-verify), for rewards and evaluation
+    intervals         Wilson and t-intervals
+    options           the command-line convention: options from dataclass fields
+    runfolder         a run's output folder: lock, atomic writes, complete checkpoints, records
+    models            the embedded SmolLM2 model and the tiny test model, converted once and cached
+    plots             PNG plots from `metrics.jsonl`
+    tasks             the verifiable tasks: embedded arithmetic and a math dataset (problems, prompts, rewards)
+    recipe            recipes (YAML + command-line overrides) -> `RunArgs` and `D3SConfig`; recipes/*.yaml
+    evaluation/       `d3s eval`: benchmarks, prompts, samplers, pass@k / Avg@n, reports; held-out accuracy
+    train             `d3s train`: one run with held-out accuracy, records, checkpoints and resume
+    run_trainer       the run's trainer and callback (imports TRL; loaded when a run starts)
+    compare           `d3s compare`: variants x seeds, side by side (compare_summary, compare_markdown)
+    cli               the command line: `d3s train | compare | eval | eval-table`
 """

@@ -1,6 +1,29 @@
-"""The one error type of the `d3s` command's own making."""
+"""The error types of the `d3s` command's own making; every module of `d3s.app` may import them."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
 
 
 class UsageError(ValueError):
     """A value from the user (recipe, option, file, model name) that cannot be used. The message is one
     line naming the value and what would be valid; `d3s` prints it and exits with status 2."""
+
+
+class RecipeError(UsageError):
+    """A recipe or command line that cannot be used; the message is one line for the user."""
+
+
+class SettingsError(ValueError):
+    """Settings that do not go together, each shown as `name=value` in the message.
+
+    `template` holds one `{name}` per setting; `named(rename)` is the message with the names the user
+    wrote them under (a recipe's `task_min_terms` for a task's `min_terms`), `str()` with the names as given.
+    """
+
+    def __init__(self, template: str, **settings: Any) -> None:
+        self.template, self.settings = template, settings
+        super().__init__(self.named())
+
+    def named(self, rename: Callable[[str], str] = str) -> str:
+        return self.template.format(**{name: f"{rename(name)}={value!r}" for name, value in self.settings.items()})

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from d3s.app.errors import UsageError
+import torch
+
+from d3s.app.errors import RecipeError, SettingsError
+from d3s.app.tasks import ArithmeticTaskConfig, MathTaskConfig, TaskConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_RECIPE = "default"
-
-
-class RecipeError(UsageError):
-    """A recipe or command line that cannot be used; the message is one line for the user."""
 
 
 @dataclass
@@ -102,15 +102,22 @@ class RunArgs:
         if self.task == "arith":
             try:
                 self.task_config()
-            except ValueError as err:
-                raise RecipeError(f"arith task: {err}".replace("min_", "task_min_").replace("max_", "task_max_")
-                                  .replace("operators=", "task_operators=").replace("heldout_seed=", "task_heldout_seed=")
-                                  .replace("train_seed=", "task_train_seed=")) from None
+            except SettingsError as err:  # named by the fields of this recipe
+                raise RecipeError(f"arith task: {err.named(self.field_setting)}") from None
 
-    def task_config(self):
-        from d3s.app.tasks import ArithmeticTaskConfig
+    @classmethod
+    def field_setting(cls, task_field: str) -> str:
+        """The field of a recipe that sets a task config's field: `task_min_terms` sets `min_terms`;
+        `heldout_size` and `instruction` have one name."""
+        prefixed = f"task_{task_field}"
+        return prefixed if prefixed in {f.name for f in dataclasses.fields(cls)} else task_field
 
+    def task_config(self) -> TaskConfig:
+        """The settings of the task the run trains on (`d3s.app.tasks.build_task` builds it)."""
         kwargs = {"instruction": self.instruction} if self.instruction else {}
+        if self.task == "math":
+            return MathTaskConfig(dataset=self.dataset, split=self.dataset_split, question_field=self.question_field,
+                                  answer_field=self.answer_field, heldout_size=self.heldout_size, **kwargs)
         return ArithmeticTaskConfig(
             min_terms=self.task_min_terms, max_terms=self.task_max_terms, min_digits=self.task_min_digits,
             max_digits=self.task_max_digits, operators=tuple(self.task_operators), train_seed=self.task_train_seed,
@@ -173,8 +180,6 @@ def make_parser():
 def _device_defaults() -> dict[str, Any]:
     """Under every recipe: a CPU-only machine trains on the CPU, in fp32 unless `precision` says
     otherwise (`d3s train` turns on bf16 autocast itself), without gradient checkpointing."""
-    import torch
-
     if torch.cuda.is_available():
         return {}
     return {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}
@@ -265,8 +270,6 @@ _NUMBER_RULES: tuple[tuple[str, float | None, float | None, bool], ...] = (
 
 
 def _check_numbers(values: dict[str, Any], origin) -> None:
-    import math
-
     steps = values.get("max_steps")
     if steps is not None and steps != -1 and steps < 1:
         raise RecipeError(f"max_steps={steps!r} (from {origin('max_steps')}); valid: an integer >= 1, or -1 to train "

@@ -9,7 +9,7 @@ What a run guarantees about its folder (docs/reliability.md says how each is tes
   crashed or killed run never leaves it stuck.
 - its records are replaced atomically (`atomic_write_text`: a temporary file, fsync, rename).
 - a checkpoint is written into `.staging/checkpoint-N` and renamed into place once complete, so a
-  kill during a save leaves no half `checkpoint-N` (see `d3s.app.train`), and `complete_checkpoints`
+  kill during a save leaves no half `checkpoint-N` (see `d3s.app.run_trainer`), and `complete_checkpoints`
   checks every file a resume needs before it is used, newest first.
 - a resume refuses a recipe that changes training (`training_changes`).
 """
@@ -22,11 +22,13 @@ import re
 import shutil
 import socket
 import struct
+import subprocess
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from d3s.app.recipe import RecipeError
+import d3s
+from d3s.app.errors import RecipeError
 
 LOCK_NAME = ".d3s-run.lock"
 STAGING_NAME = ".staging"
@@ -249,7 +251,8 @@ def complete_checkpoints(out: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     return good, bad
 
 
-KEEP_CHECKPOINTS = ("all", "model", "none")
+KeepCheckpoints = Literal["all", "model", "none"]
+KEEP_CHECKPOINTS = get_args(KeepCheckpoints)
 RESUME_STATE_GLOBS = ("optimizer.pt", "scheduler.pt", "rng_state*.pth")
 
 
@@ -337,10 +340,6 @@ def code_version() -> str:
     """The d3s version that runs: the package version, plus `+g<commit>` when the package is a git checkout
     (and `.dirty` when its `src/` has uncommitted changes). Recorded with every run, so that results
     made by different code are never mixed without saying so."""
-    import subprocess
-
-    import d3s
-
     version = d3s.__version__
     src = Path(d3s.__file__).resolve().parent.parent
     try:
@@ -400,8 +399,17 @@ def with_computed_tokens(records: list[dict]) -> list[dict]:
     return out
 
 
-STEP_PARTS = ("generation", "selection", "kl_monitor", "forward", "backward")
-"""The parts of a training step the trainer times (`d3s/time/<part>`, seconds); they add up to `step_time`."""
+TIME_PREFIX = "d3s/time/"
+"""A record's `d3s/time/<part>` fields: the seconds of one part of a training step, as the trainer timed and
+named them (`d3s.integrations.trl` logs them; together they add up to `step_time`)."""
+
+
+def step_parts(records: list[dict]) -> list[str]:
+    """The timed parts of a training step that `records` carry, in the order they first appear."""
+    parts: dict[str, None] = {}
+    for r in records:
+        parts.update((key[len(TIME_PREFIX):], None) for key in r if key.startswith(TIME_PREFIX))
+    return list(parts)
 
 
 def step_seconds(records: list[dict]) -> dict[str, float] | None:
@@ -409,7 +417,7 @@ def step_seconds(records: list[dict]) -> dict[str, float] | None:
     the optimizer update not) and each timed part the records carry. None without train records."""
     train = [r for r in records if r.get("type") == "train"]
     out = {}
-    for name, key in (("step", "step_time"), *((p, f"d3s/time/{p}") for p in STEP_PARTS)):
+    for name, key in (("step", "step_time"), *((p, TIME_PREFIX + p) for p in step_parts(train))):
         values = [r[key] for r in train if r.get(key) is not None]
         if values:
             out[name] = sum(values) / len(values)

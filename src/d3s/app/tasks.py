@@ -7,8 +7,10 @@ Two tasks, one home, so that training and evaluation cannot drift apart:
 - `math`: `{question, answer}` rows of a dataset file or hub dataset (`load_math_rows`), the last
   `heldout_size` rows held out, scored by math-verify.
 
-`build_task` turns a run's settings into a `TaskData`: training rows, held-out problems, prompt
-instruction, reward function and scorer.
+Each task is set by its own config (`ArithmeticTaskConfig`, `MathTaskConfig`; a recipe's `RunArgs`
+makes one with `task_config()`), and `build_task` turns it into a `TaskData`: training rows, held-out
+problems, prompt instruction, reward function and scorer. Answers are read and scored by
+`d3s.app.scoring`, the scorers `d3s eval` uses.
 
 Train / held-out disjointness. Held-out problems come from `heldout_seed`, training problems from
 `train_seed`, and every training problem whose canonical form (`canonical_key`) equals a held-out
@@ -17,20 +19,21 @@ so `3 + 4` and `4 + 3` are the same problem: a swapped-operand copy of a held-ou
 never trained on.
 
 Reward. `arith_reward` reads the answer in a completion as the content of its last `\\boxed{}`
-when there is one, otherwise its last number, and compares it numerically with the gold answer.
-It is pure and returns 0.0 for anything it cannot read (empty, no number).
+when there is one, otherwise its last number, and compares it numerically with the gold answer
+(`d3s.app.scoring.score_arith`). It is pure and returns 0.0 for anything it cannot read (empty, no
+number).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-if TYPE_CHECKING:
-    from d3s.app.recipe import RunArgs
+from d3s.app.datafiles import BadJsonLine, DataFileError, NotUtf8, read_rows
+from d3s.app.errors import RecipeError, SettingsError
+from d3s.app.scoring import completion_text, score_arith, score_math
 
 ARITH_INSTRUCTION = "Answer with only the final number."
 
@@ -71,23 +74,19 @@ class ArithmeticTaskConfig:
 
     def __post_init__(self) -> None:
         if self.train_seed == self.heldout_seed:
-            raise ValueError(
-                f"train_seed={self.train_seed} equals heldout_seed={self.heldout_seed}; "
-                "they must differ so the streams are independent"
-            )
+            raise SettingsError("{train_seed} equals {heldout_seed}; they must differ so the streams are independent",
+                                train_seed=self.train_seed, heldout_seed=self.heldout_seed)
         if self.heldout_size < 1:
-            raise ValueError(f"heldout_size={self.heldout_size} must be >= 1")
+            raise SettingsError("{heldout_size} must be >= 1", heldout_size=self.heldout_size)
         bad = [op for op in self.operators if op not in ("+", "-", "*", "/")]
         if not self.operators or bad:
-            raise ValueError(f"operators={self.operators!r}: each must be one of + - * /")
+            raise SettingsError("{operators}: each must be one of + - * /", operators=self.operators)
         if not 1 <= self.min_terms <= self.max_terms:
-            raise ValueError(
-                f"min_terms={self.min_terms}, max_terms={self.max_terms}: need 1 <= min <= max"
-            )
+            raise SettingsError("{min_terms}, {max_terms}: need 1 <= min <= max", min_terms=self.min_terms,
+                                max_terms=self.max_terms)
         if not 1 <= self.min_digits <= self.max_digits:
-            raise ValueError(
-                f"min_digits={self.min_digits}, max_digits={self.max_digits}: need 1 <= min <= max"
-            )
+            raise SettingsError("{min_digits}, {max_digits}: need 1 <= min <= max", min_digits=self.min_digits,
+                                max_digits=self.max_digits)
 
     def generator_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `reasoning_gym.create_dataset("basic_arithmetic", ...)`."""
@@ -234,59 +233,8 @@ def prompt_messages(question: str, instruction: str = ARITH_INSTRUCTION) -> list
 
 
 # ---------------------------------------------------------------------------------------------
-# Reward / verifier
+# Reward
 # ---------------------------------------------------------------------------------------------
-
-_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` or `\\fbox{...}` with balanced braces, or None."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i, depth = text.index("{", start) + 1, 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return None  # unbalanced: no answer
-
-
-def extract_final_number(text: str) -> float | None:
-    """The number a completion answers: in its last `\\boxed{}` if any, else its last number."""
-    boxed = last_boxed(text)
-    source = boxed if boxed is not None else text
-    matches = _NUMBER_RE.findall(source.replace(",", ""))
-    if not matches:
-        return None
-    value = float(matches[-1])
-    return value if math.isfinite(value) else None
-
-
-def numbers_equal(predicted: float | None, gold: float, rel_tol: float = 1e-6) -> bool:
-    """Numeric equality with a relative tolerance (absolute near zero)."""
-    if predicted is None:
-        return False
-    return abs(predicted - gold) <= rel_tol * max(1.0, abs(gold))
-
-
-def _completion_text(completion: str | Sequence[dict[str, str]]) -> str:
-    """Text of a completion: a plain string, or the last message of a conversational one."""
-    if isinstance(completion, str):
-        return completion
-    if completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return ""
-
-
-def score_arith(completion: str, answer: str) -> float:
-    """1.0 if the completion's final number equals `answer` numerically, else 0.0."""
-    try:
-        gold = float(str(answer).replace(",", ""))
-    except ValueError:
-        return 0.0
-    return 1.0 if numbers_equal(extract_final_number(completion), gold) else 0.0
 
 
 def arith_reward(
@@ -301,14 +249,35 @@ def arith_reward(
         raise ValueError(
             f"{len(completions)} completions but {len(answer)} answers; they must align"
         )
-    return [score_arith(_completion_text(c), a) for c, a in zip(completions, answer)]
+    return [score_arith(completion_text(c), a) for c, a in zip(completions, answer)]
 
 
 # ---------------------------------------------------------------------------------------------
-# The math-dataset task, and a run's task
+# The math-dataset task, and building a task
 # ---------------------------------------------------------------------------------------------
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass(frozen=True)
+class MathTaskConfig:
+    """The math task: `{question, answer}` rows of a dataset, the last `heldout_size` rows held out."""
+
+    dataset: str
+    """A hub dataset name or a local .json/.jsonl/.parquet file."""
+    split: str = "train"
+    """The split of a hub dataset."""
+    question_field: str = "problem"
+    """The column holding the question."""
+    answer_field: str = "answer"
+    """The column holding the gold answer."""
+    heldout_size: int = 200
+    """Rows held out (the last ones)."""
+    instruction: str = MATH_INSTRUCTION
+    """Appended to every question."""
+
+
+TaskConfig = ArithmeticTaskConfig | MathTaskConfig
 
 
 @dataclass
@@ -326,68 +295,64 @@ class TaskData:
 
 def math_reward(completions, answer, **_) -> list[float]:
     """math-verify reward: 1.0 when the completion's final answer equals the gold one, else 0.0."""
-    from d3s.app.evaluation.scoring import score_math
-
-    return [score_math(_completion_text(c), str(a)).value for c, a in zip(completions, answer)]
+    return [score_math(completion_text(c), str(a)).value for c, a in zip(completions, answer)]
 
 
-def _json_rows(path: Path) -> list[tuple[int, Any]]:
-    """`(line number, value)` of each row of a .jsonl file (or a .json file holding an array, or JSON lines)."""
-    from d3s.app.jsonfiles import BadJsonLine, NotUtf8, json_document, json_lines, utf8_text
-    from d3s.app.recipe import RecipeError
+def score_math_answer(completion: str, gold: str) -> float:
+    """The math task's scorer: 1.0 when math-verify finds the completion's answer equal to `gold`, else 0.0."""
+    return score_math(completion, gold).value
 
+
+Where = Callable[[int, int], str]  # (line, index) of a row -> where it is, for a message
+
+
+def _file_rows(path: Path) -> tuple[list[tuple[int, Any]], Where]:
+    """The `(line, row)` of a local dataset file, and where a row is, for messages (`d3s.app.datafiles`)."""
+    if path.suffix not in (".json", ".jsonl", ".parquet"):
+        raise RecipeError(f"dataset file {path} must be .json, .jsonl or .parquet, not {path.suffix or 'no suffix'!r}")
     try:
-        text = utf8_text(path.read_bytes())
-        if path.suffix == ".json" and text.lstrip().startswith("["):
-            return [(0, row) for row in json_document(text)]
-        return list(json_lines(text))
+        numbered = read_rows(path)
     except (NotUtf8, BadJsonLine) as err:
         raise RecipeError(f"dataset {path} {err}") from None
+    except DataFileError as err:
+        raise RecipeError(f"dataset {path}: {err}") from None
+    if path.suffix == ".parquet":
+        return numbered, lambda n, i: f"dataset {path} row {i}"
+    return numbered, lambda n, i: f"dataset {path} line {n}" if n else f"dataset {path} item {i}"
 
 
-def load_math_rows(run: RunArgs) -> list[dict]:
-    """The `{question, answer}` rows of a task=math dataset; a bad file, row or column is a one-line error
+def _hub_rows(config: MathTaskConfig, fields: dict[str, str]) -> tuple[list[tuple[int, Any]], Where]:
+    """The rows of a hub dataset (or its local cache), and where a row is, for messages."""
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(config.dataset, split=config.split)
+    except (OSError, ConnectionError) as err:
+        raise FileNotFoundError(
+            f"could not load dataset {config.dataset!r} ({type(err).__name__}); without hub access pass a local "
+            ".json/.jsonl/.parquet file"
+        ) from None
+    except ValueError as err:  # e.g. an unknown split
+        raise RecipeError(f"dataset {config.dataset!r}: {str(err).splitlines()[0]}") from None
+    missing = [f for f in fields.values() if f not in ds.column_names]
+    if missing:
+        name = next(k for k, v in fields.items() if v == missing[0])
+        raise RecipeError(f"dataset {config.dataset!r} has no column {missing[0]!r} ({name}); columns: "
+                          f"{', '.join(ds.column_names)}")
+    return [(0, row) for row in ds], lambda n, i: f"dataset {config.dataset!r} row {i}"
+
+
+def load_math_rows(config: MathTaskConfig) -> list[dict]:
+    """The `{question, answer}` rows of a math dataset; a bad file, row or column is a one-line error
     naming the file, the line and the column."""
-    from d3s.app.recipe import RecipeError
-
-    fields = {"question_field": run.question_field, "answer_field": run.answer_field}
-    path = Path(run.dataset).expanduser()
+    fields = {"question_field": config.question_field, "answer_field": config.answer_field}
+    path = Path(config.dataset).expanduser()
     if path.suffix in (".json", ".jsonl") or path.is_file():
         if not path.is_file():
             raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
-        if path.suffix in (".json", ".jsonl"):
-            numbered = _json_rows(path)
-            where = lambda n, i: f"dataset {path} line {n}" if n else f"dataset {path} item {i}"  # noqa: E731
-        elif path.suffix == ".parquet":
-            from datasets import load_dataset
-
-            try:
-                ds = load_dataset("parquet", data_files=str(path), split="train")
-            except Exception as err:  # noqa: BLE001 - pyarrow raises many kinds for a bad file
-                raise RecipeError(f"dataset {path}: not a readable parquet file ({type(err).__name__})") from None
-            numbered = [(0, row) for row in ds]
-            where = lambda n, i: f"dataset {path} row {i}"  # noqa: E731
-        else:
-            raise RecipeError(f"dataset file {path} must be .json, .jsonl or .parquet, not {path.suffix or 'no suffix'!r}")
+        numbered, where = _file_rows(path)
     else:
-        from datasets import load_dataset
-
-        try:
-            ds = load_dataset(run.dataset, split=run.dataset_split)
-        except (OSError, ConnectionError) as err:
-            raise FileNotFoundError(
-                f"could not load dataset {run.dataset!r} ({type(err).__name__}); without hub access pass a local "
-                ".json/.jsonl/.parquet file"
-            ) from None
-        except ValueError as err:  # e.g. an unknown split
-            raise RecipeError(f"dataset {run.dataset!r}: {str(err).splitlines()[0]}") from None
-        missing = [f for f in fields.values() if f not in ds.column_names]
-        if missing:
-            name = next(k for k, v in fields.items() if v == missing[0])
-            raise RecipeError(f"dataset {run.dataset!r} has no column {missing[0]!r} ({name}); columns: "
-                              f"{', '.join(ds.column_names)}")
-        numbered = [(0, row) for row in ds]
-        where = lambda n, i: f"dataset {run.dataset!r} row {i}"  # noqa: E731
+        numbered, where = _hub_rows(config, fields)
     rows = []
     for i, (number, row) in enumerate(numbered):
         if not isinstance(row, dict):
@@ -406,30 +371,19 @@ def load_math_rows(run: RunArgs) -> list[dict]:
     return rows
 
 
-def build_task(run: RunArgs, n_train: int) -> TaskData:
-    """The run's task: `n_train` training problems (a stream, may repeat) and the held-out set."""
-    if run.task == "arith":
-        from d3s.app.recipe import RecipeError
-
-        config = run.task_config()
+def build_task(config: TaskConfig, n_train: int) -> TaskData:
+    """The task of `config`: `n_train` training problems (arith: a stream, may repeat) and the held-out set."""
+    if isinstance(config, ArithmeticTaskConfig):
         try:
             train, heldout = train_problems(config, n_train), heldout_problems(config)
         except ValueError as err:  # a task space too small for the held-out set
             raise RecipeError(f"arith task: {err}") from None
         return TaskData("arith", train, heldout, config.instruction, arith_reward, score_arith,
                         {"task": asdict(config)})
-    rows = load_math_rows(run)
-    if len(rows) <= run.heldout_size:
-        from d3s.app.recipe import RecipeError
-
-        raise RecipeError(f"dataset {run.dataset!r} has {len(rows)} rows, not more than heldout_size="
-                          f"{run.heldout_size}; lower heldout_size or use a larger dataset")
-    heldout, train = rows[-run.heldout_size :], rows[: -run.heldout_size]
-
-    def score(completion: str, gold: str) -> float:
-        from d3s.app.evaluation.scoring import score_math
-
-        return score_math(completion, gold).value
-
-    return TaskData("math", train, heldout, run.instruction or MATH_INSTRUCTION, math_reward, score,
-                    {"dataset": run.dataset, "split": run.dataset_split, "heldout": heldout})
+    rows = load_math_rows(config)
+    if len(rows) <= config.heldout_size:
+        raise RecipeError(f"dataset {config.dataset!r} has {len(rows)} rows, not more than heldout_size="
+                          f"{config.heldout_size}; lower heldout_size or use a larger dataset")
+    heldout, train = rows[-config.heldout_size :], rows[: -config.heldout_size]
+    return TaskData("math", train, heldout, config.instruction, math_reward, score_math_answer,
+                    {"dataset": config.dataset, "split": config.split, "heldout": heldout})

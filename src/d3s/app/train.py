@@ -8,7 +8,8 @@ The run is `D3SGRPOTrainer` (d3s.integrations.trl) plus what a person running it
   interval (`d3s.app.evaluation.heldout`: the sampler and batching of `d3s eval`); the base model's
   score is cached, it is the same for every variant and seed;
 - a progress bar (reward, kept rollouts, tokens in the loss, held-out accuracy, ETA), every step's
-  metrics in `metrics.jsonl` and TensorBoard (`report_to`), checkpoints every `save_steps`;
+  metrics in `metrics.jsonl` and TensorBoard (`report_to`), checkpoints every `save_steps`
+  (`d3s.app.run_trainer`: the trainer and the callback, imported when a run starts);
 - the run owns its output folder (`d3s.app.runfolder`: a lock, no foreign folder touched), writes its
   checkpoints atomically and its records by atomic replacement;
 - Ctrl-C, SIGTERM or an exception saves a checkpoint of the last finished step (with the RNG
@@ -20,6 +21,10 @@ The run is `D3SGRPOTrainer` (d3s.integrations.trl) plus what a person running it
 
 Wall-clock in the records counts training (generation included) and leaves out the held-out
 evaluations, so that runs with different `eval_every` compare fairly.
+
+`run_train` claims the folder; `_run_in_folder` runs the steps, each a function below: settle the
+resume point, load the model, build the task, open the records, make the trainer, score the base
+model, train (or stop), evaluate the result and write the summary.
 """
 
 from __future__ import annotations
@@ -28,17 +33,35 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from d3s.app.errors import RecipeError
 from d3s.app.evaluation.heldout import heldout_accuracy
-from d3s.app.recipe import RunArgs
-from d3s.app.tasks import build_task
+from d3s.app.models import cache_dir, is_missing_local_model, resolve_model
+from d3s.app.plots import plot_run
+from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_defaults
+from d3s.app.runfolder import (
+    STAGING_NAME,
+    RunFolderError,
+    atomic_write_text,
+    claim_folder,
+    code_version,
+    complete_checkpoints,
+    no_signal_share,
+    read_run_records,
+    step_seconds,
+    training_changes,
+)
+from d3s.app.tasks import TaskData, build_task, prompt_messages
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,8 +74,6 @@ class RunLog:
     checkpoint (a cut-off last line is dropped) and rewrites the file atomically."""
 
     def __init__(self, path: Path, resume_step: int | None):
-        from d3s.app.runfolder import atomic_write_text, read_run_records
-
         self.path = path
         self.records: list[dict] = []
         if resume_step is not None and path.is_file():
@@ -73,93 +94,10 @@ def _say(message: str) -> None:
 
 
 def _make_callback(run_log: RunLog, evaluate, eval_every: int):
-    from tqdm.auto import tqdm
-    from transformers import TrainerCallback
+    """The run's `RunCallback` (records, progress bar, held-out evaluation every `eval_every` steps)."""
+    from d3s.app.run_trainer import RunCallback  # imports TRL: only when a run starts
 
-    class D3SRunCallback(TrainerCallback):
-        """JSONL records, the progress bar and periodic held-out evaluation. Records only; no control."""
-
-        def __init__(self):
-            last = run_log.last("train")
-            self.wall_offset = last["wall_s"] if last else 0.0
-            self.trained_tokens = last["trained_tokens"] if last else 0.0
-            self.generated_tokens = last["generated_tokens"] if last else 0.0
-            self.computed_tokens = last.get("computed_tokens", 0.0) if last else 0.0
-            self.eval_seconds = 0.0
-            self.t0 = time.perf_counter()
-            self.updating_from: int | None = None
-            self.bar = None
-            self.last_step = last["step"] if last else 0
-            last_eval = run_log.last("eval")
-            self.last_acc = last_eval["accuracy"] if last_eval else None
-
-        def wall(self) -> float:
-            return self.wall_offset + time.perf_counter() - self.t0 - self.eval_seconds
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.t0 = time.perf_counter()
-            if state.is_world_process_zero:
-                self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="d3s train", dynamic_ncols=True,
-                                file=sys.stderr)
-            # Resumed at a step whose held-out evaluation was cut off by the stop: the checkpoint holds
-            # the weights it evaluates, so run it now (greedy decoding draws no random numbers).
-            step = state.global_step
-            if eval_every and step and step % eval_every == 0 and step < state.max_steps and not any(
-                    r["type"] == "eval" and r["step"] == step for r in run_log.records):
-                self.run_eval(step)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero or not logs or "loss" not in logs and "reward" not in logs:
-                return
-            steps = state.global_step - self.last_step
-            self.last_step = state.global_step
-            self.trained_tokens += logs.get("d3s/tokens_in_loss", 0.0) * steps
-            ratio = logs.get("d3s/token_consumption_ratio")
-            if ratio:
-                self.generated_tokens += logs.get("d3s/tokens_in_loss", 0.0) / ratio * steps
-            self.computed_tokens += logs.get("d3s/tokens_computed", 0.0) * steps
-            record = {"type": "train", "step": state.global_step, "wall_s": self.wall(),
-                      "trained_tokens": self.trained_tokens, "generated_tokens": self.generated_tokens,
-                      "computed_tokens": self.computed_tokens,
-                      **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-            run_log.add(record)
-            if self.bar is not None:
-                post = {"reward": f"{logs.get('reward', float('nan')):.2f}"}
-                if "d3s/rollouts_kept" in logs and "d3s/rollout_ratio" in logs and logs["d3s/rollout_ratio"] > 0:
-                    total = logs["d3s/rollouts_kept"] / logs["d3s/rollout_ratio"]
-                    post["kept"] = f"{logs['d3s/rollouts_kept']:.0f}/{total:.0f}"
-                if "d3s/tokens_in_loss" in logs:
-                    post["tokens"] = f"{logs['d3s/tokens_in_loss']:.0f}"
-                if self.last_acc is not None:
-                    post["heldout"] = f"{self.last_acc:.1%}"
-                self.bar.set_postfix(post, refresh=False)
-            # After the step's record (logs come after on_step_end), before its checkpoint is saved
-            if eval_every and state.global_step % eval_every == 0 and state.global_step < state.max_steps:
-                self.run_eval(state.global_step)
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.updating_from = state.global_step  # weights, optimizer and scheduler change until the step ends
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.updating_from = None
-            if state.is_world_process_zero and self.bar is not None:
-                self.bar.update(state.global_step - self.bar.n)
-
-        def run_eval(self, step: int) -> dict:
-            t = time.perf_counter()
-            result = evaluate()
-            self.eval_seconds += time.perf_counter() - t
-            self.last_acc = result["accuracy"]
-            run_log.add({"type": "eval", "step": step, "wall_s": self.wall(), "trained_tokens": self.trained_tokens,
-                         "generated_tokens": self.generated_tokens, "computed_tokens": self.computed_tokens,
-                         **{k: v for k, v in result.items() if k != "examples"}})
-            return result
-
-        def on_train_end(self, args, state, control, **kwargs):
-            if self.bar is not None:
-                self.bar.close()
-
-    return D3SRunCallback()
+    return RunCallback(run_log, evaluate, eval_every)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,122 +142,10 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that the run stops the same way."""
 
 
-def _rng_states() -> dict:
-    import random
-
-    import numpy as np
-
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.random.get_rng_state_all()
-    return states
-
-
-def _set_rng_states(states: dict) -> None:
-    import random
-
-    import numpy as np
-
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.random.set_rng_state(states["cpu"])
-    if "cuda" in states:
-        torch.cuda.random.set_rng_state_all(states["cuda"])
-
-
-def _run_trainer_class(base):
-    """`base` (the D3S trainer) with two things a run needs from its checkpoints:
-
-    - atomic saves: a checkpoint is written into `.staging/checkpoint-N` and renamed into place when
-      complete (then old ones are rotated), so a kill during a save leaves no half `checkpoint-N`;
-    - the resume point of the last finished step: the RNG states and the token and FLOP counters right
-      after the step was logged and (maybe) saved, which is what a regular checkpoint of that step
-      holds. A checkpoint written on Ctrl-C restores them first: the half-finished next step has
-      already drawn from the RNGs and counted its tokens.
-    """
-    from transformers.trainer_utils import rotate_checkpoints
-
-    from d3s.app.runfolder import STAGING_NAME, publish_folder
-
-    class RunTrainer(base):
-        _d3s_staging: str | None = None
-        d3s_resume_point: dict | None = None
-
-        def _get_output_dir(self, trial):
-            return self._d3s_staging if self._d3s_staging is not None else super()._get_output_dir(trial)
-
-        def _save_checkpoint(self, model, trial):
-            run_dir = Path(super()._get_output_dir(trial))
-            name = f"checkpoint-{self.state.global_step}"
-            staging = run_dir / STAGING_NAME
-            if self.args.should_save:
-                shutil.rmtree(staging / name, ignore_errors=True)
-            self.accelerator.wait_for_everyone()
-            self._d3s_staging = str(staging)
-            try:
-                super()._save_checkpoint(model, trial)
-            finally:
-                self._d3s_staging = None
-            self.accelerator.wait_for_everyone()
-            if self.args.should_save:
-                publish_folder(staging / name, run_dir / name)
-                try:
-                    staging.rmdir()
-                except OSError:
-                    pass
-                rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
-                                   best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
-            self.accelerator.wait_for_everyone()
-
-        # The step's grad norm and pre-update learning rate, for its record if a stop comes before it
-        def _get_grad_norm(self, model, grad_norm=None):
-            self.d3s_grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-            return self.d3s_grad_norm
-
-        def _get_learning_rate(self):
-            self.d3s_learning_rate = super()._get_learning_rate()
-            return self.d3s_learning_rate
-
-        def d3s_log_finished_step(self) -> None:
-            """The record `_maybe_log_save_evaluate` would have written for the step that just ended."""
-            since = max(1, self.state.global_step - self._globalstep_last_logged)
-            logs = {"loss": self._tr_loss.item() / since}
-            grad_norm = getattr(self, "d3s_grad_norm", None)
-            if grad_norm is not None:
-                logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else grad_norm
-            lr = getattr(self, "d3s_learning_rate", None)
-            logs["learning_rate"] = lr if lr is not None else self._get_learning_rate()
-            self._globalstep_last_logged = self.state.global_step
-            self.store_flos()
-            self.log(logs)
-
-        def _maybe_log_save_evaluate(self, *args, **kwargs):
-            super()._maybe_log_save_evaluate(*args, **kwargs)
-            self.d3s_resume_point = {
-                "step": self.state.global_step,
-                "rng": _rng_states(),
-                # counters the next step advances before it finishes
-                "num_input_tokens_seen": self.state.num_input_tokens_seen,
-                "total_flos": self.state.total_flos + self.current_flos,
-            }
-
-        def d3s_rewind_to_resume_point(self) -> None:
-            """Back to the state right after the last finished step (see the class docstring)."""
-            point = self.d3s_resume_point
-            _set_rng_states(point["rng"])
-            self.state.num_input_tokens_seen = point["num_input_tokens_seen"]
-            self.state.total_flos, self.current_flos = point["total_flos"], 0
-
-    return RunTrainer
-
-
 class _StopSignals:
     """While active, SIGTERM stops the run like Ctrl-C (Python's default for SIGTERM is to die at once)."""
 
     def __enter__(self):
-        import signal
-        import threading
-
         self.previous = None
         if threading.current_thread() is threading.main_thread():
             def terminated(signum, frame):
@@ -329,8 +155,6 @@ class _StopSignals:
         return self
 
     def __exit__(self, *exc):
-        import signal
-
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
         return False
@@ -345,15 +169,11 @@ def _continue_hint(run: RunArgs) -> str:
 def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: BaseException) -> RunStopped:
     """After training stopped early: keep the last finished step (its record, a checkpoint with its
     RNG states), tell the user in one line what is saved and how to continue; the exit status."""
-    from d3s.app.runfolder import complete_checkpoints
-
     if isinstance(err, _Terminated):
         what, code = "terminated (SIGTERM)", 143
     elif isinstance(err, KeyboardInterrupt):
         what, code = "interrupted", 130
     else:
-        import traceback
-
         traceback.print_exception(err)
         what, code = f"stopped by {type(err).__name__}", 1
     if callback.bar is not None:
@@ -389,8 +209,6 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
 
     The run owns `config.output_dir` while it lives (`d3s.app.runfolder`); raises `RecipeError` for a
     folder or recipe it cannot use, `RunStopped` after an early stop (reported to the user)."""
-    from d3s.app.runfolder import claim_folder
-
     out = Path(config.output_dir)
     main_process = int(os.environ.get("RANK", "0")) == 0
     lock = claim_folder(out) if main_process else None
@@ -404,8 +222,6 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
 def _resume_point(run: RunArgs, config, out: Path, main_process: bool, notes: list[str]):
     """`(checkpoint or None, finished summary or None)`; refuses what cannot continue this folder.
     What the user should know about the choice is appended to `notes`."""
-    from d3s.app.runfolder import STAGING_NAME, RunFolderError, complete_checkpoints
-
     if main_process:  # leftovers of a run killed while saving; this run holds the folder's lock
         shutil.rmtree(out / STAGING_NAME, ignore_errors=True)
         for tmp in out.glob(".*.tmp-*"):
@@ -438,8 +254,6 @@ def _resume_point(run: RunArgs, config, out: Path, main_process: bool, notes: li
 
 def _check_same_training(out: Path, now: dict) -> None:
     """On resume: refuse a recipe that changes training; name the free changes."""
-    from d3s.app.runfolder import RunFolderError, training_changes
-
     path = out / "run_config.json"
     try:
         saved = json.loads(path.read_text())
@@ -460,8 +274,6 @@ def _check_same_training(out: Path, now: dict) -> None:
 def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
     """Settle what the recipe leaves to the machine (precision: auto) and fix the logging the records need;
     returns what `run_config.json` records: the run and trainer settings, the recipe and the code version."""
-    from d3s.app.runfolder import code_version
-
     bf16 = run.precision == "bf16" or (run.precision == "auto" and _bf16_fast(_device(config)))
     config.bf16, config.fp16 = bf16, False
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
@@ -470,24 +282,60 @@ def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, A
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
                    started: float) -> dict[str, Any]:
-    from d3s.app.runfolder import atomic_write_text, no_signal_share, step_seconds
-
     run_config = resolve_run_config(run, config, recipe)
+    checkpoint, finished = _settle_resume(run, config, out, main_process, run_config)
+    if finished is not None:
+        return finished
+    model, tokenizer, model_path = _load_model(run, config)
+    task, dataset, prompts_per_step = _training_data(run, config)
+    max_new = run.eval_max_new_tokens or config.max_completion_length
+
+    resume_step = int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None
+    run_log = RunLog(out / "metrics.jsonl", resume_step)
+    if main_process:
+        atomic_write_text(out / "run_config.json", json.dumps({**run_config, "model_path": model_path}, indent=2,
+                                                              default=str))
+    evaluate = lambda: heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size)  # noqa: E731
+    callback = _make_callback(run_log, evaluate, run.eval_every)
+    trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)
+    steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
+    _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
+         f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
+         f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
+
+    if resume_step is None:
+        before = _base_model_score(model_path, task, max_new, evaluate, run_log)
+        callback.last_acc = before["accuracy"]
+    else:
+        before = next((r for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
+    _train(trainer, callback, run_log, out, run, config, checkpoint, resume_step)
+
+    if not (out / f"checkpoint-{trainer.state.global_step}").exists():
+        trainer._save_checkpoint(trainer.model, trial=None)
+    after = callback.run_eval(trainer.state.global_step)
+    summary = _summary(run, config, trainer.state.global_step, task, before, after, run_log, started,
+                       run_config["code_version"])
+    _finish(run, config, out, summary, main_process)
+    return summary
+
+
+def _settle_resume(run: RunArgs, config, out: Path, main_process: bool, run_config: dict):
+    """`(checkpoint or None, finished summary or None)` of the folder, checked against this run's recipe;
+    what the user should know about it is said."""
     notes: list[str] = []
     checkpoint, finished = _resume_point(run, config, out, main_process, notes)
     if finished is not None:
-        return finished
+        return None, finished
     if checkpoint is not None:
         _check_same_training(out, run_config)
     for note in notes:
         _say(note)
+    return checkpoint, None
 
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, ProgressCallback
 
-    from d3s.integrations.trl import D3SGRPOTrainer
-    from d3s.app.models import cache_dir, is_missing_local_model, resolve_model
-    from d3s.app.tasks import prompt_messages
+def _load_model(run: RunArgs, config):
+    """`(model, tokenizer, model path)`: the run's model in float32, with a pad token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if is_missing_local_model(run.model):
         raise FileNotFoundError(f"model folder {run.model!r} does not exist")
@@ -496,75 +344,77 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return model, tokenizer, model_path
+
+
+def _training_data(run: RunArgs, config):
+    """`(task, training dataset, prompts per step)`: enough training problems for every step, as TRL's
+    conversational `prompt` column beside the gold `answer`."""
+    from datasets import Dataset
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     prompts_per_step = config.per_device_train_batch_size * config.steps_per_generation * world // config.num_generations
-    task = build_task(run, max(1, config.max_steps) * max(1, prompts_per_step) + 64)
+    task = build_task(run.task_config(), max(1, config.max_steps) * max(1, prompts_per_step) + 64)
     dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"], task.instruction), "answer": p["answer"]}
                                  for p in task.train])
-    max_new = run.eval_max_new_tokens or config.max_completion_length
+    return task, dataset, prompts_per_step
 
-    resume_step = int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None
-    run_log = RunLog(out / "metrics.jsonl", resume_step)
-    if main_process:
-        atomic_write_text(out / "run_config.json", json.dumps({**run_config, "model_path": model_path}, indent=2,
-                                                              default=str))
 
-    evaluate = lambda: heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size)  # noqa: E731
-    callback = _make_callback(run_log, evaluate, run.eval_every)
+def _make_trainer(model, tokenizer, task: TaskData, dataset, config, callback):
+    """The run's `RunTrainer`, with the run's callback in place of transformers' progress and printer."""
+    from transformers import PrinterCallback, ProgressCallback
+
+    from d3s.app.run_trainer import RunTrainer  # imports TRL: only when a run starts
+
     try:
-        trainer = _run_trainer_class(D3SGRPOTrainer)(model=model, reward_funcs=[task.reward], args=config,
-                                                     train_dataset=dataset, processing_class=tokenizer,
-                                                     callbacks=[callback])
+        trainer = RunTrainer(model=model, reward_funcs=[task.reward], args=config, train_dataset=dataset,
+                             processing_class=tokenizer, callbacks=[callback])
     except ValueError as err:  # a setting TRL or transformers checks only here (e.g. report_to: an unknown logger)
-        from d3s.app.recipe import RecipeError
-
         raise RecipeError(f"the trainer refused the recipe: {str(err).strip().splitlines()[0]}") from None
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
+    return trainer
 
-    steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
-    _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
-         f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
-         f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
 
-    before = None
-    if resume_step is None:
-        key = _model_key(model_path, task.key, max_new)
-        cached = cache_dir() / "evals" / f"{key}.json"
-        if cached.is_file():
-            before = json.loads(cached.read_text())
-        else:
-            _say(f"held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...")
-            before = evaluate()
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(cached, json.dumps(before))
-        run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
-                     "computed_tokens": 0.0,
-                     **{k: v for k, v in before.items() if k != "examples"}})
-        callback.last_acc = before["accuracy"]
+def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, run_log: RunLog) -> dict:
+    """The held-out score of the base model (cached: the same for every variant and seed), recorded at step 0."""
+    key = _model_key(model_path, task.key, max_new)
+    cached = cache_dir() / "evals" / f"{key}.json"
+    if cached.is_file():
+        before = json.loads(cached.read_text())
     else:
-        before = next((r for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
+        _say(f"held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...")
+        before = evaluate()
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cached, json.dumps(before))
+    run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
+                 "computed_tokens": 0.0, **{k: v for k, v in before.items() if k != "examples"}})
+    return before
 
+
+def _train(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, config, checkpoint: Path | None,
+           resume_step: int | None) -> None:
+    """Train to the end, from `checkpoint` if any; a stop keeps the last finished step and raises `RunStopped`."""
     if resume_step is not None and 0 < config.max_steps <= resume_step:
         # Every step was trained and saved; the run stopped before its final evaluation.
         trainer._load_from_checkpoint(str(checkpoint))
         trainer.state.global_step = resume_step
-    else:
-        try:
-            with _StopSignals():
-                trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-        except BaseException as err:  # Ctrl-C, SIGTERM, a crash: keep the last finished step, then stop
-            raise _stop(trainer, callback, run_log, out, run, err) from err
+        return
+    try:
+        with _StopSignals():
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    except BaseException as err:  # Ctrl-C, SIGTERM, a crash: keep the last finished step, then stop
+        raise _stop(trainer, callback, run_log, out, run, err) from err
 
-    if not (out / f"checkpoint-{trainer.state.global_step}").exists():
-        trainer._save_checkpoint(trainer.model, trial=None)
-    after = callback.run_eval(trainer.state.global_step)
+
+def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | None, after: dict, run_log: RunLog,
+             started: float, version: str) -> dict[str, Any]:
+    """What `summary.json` records of a finished run."""
     last_train = run_log.last("train") or {}
-    summary = {
+    return {
         "variant": config.variant or "custom",
         "seed": config.seed,
-        "steps": trainer.state.global_step,
+        "steps": steps,
         "model": run.model,
         "task": run.task,
         "heldout_size": len(task.heldout),
@@ -577,27 +427,26 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
         "no_signal_steps": no_signal_share(run_log.records),
         "step_seconds": step_seconds(run_log.records),
         "command_wall_s": time.perf_counter() - started,
-        "code_version": run_config["code_version"],
+        "code_version": version,
         "examples_after": after.get("examples", []),
     }
-    if run.plots and main_process:
-        from d3s.app.plots import plot_run
 
+
+def _finish(run: RunArgs, config, out: Path, summary: dict, main_process: bool) -> None:
+    """Plots, then `summary.json` (last: it marks the run finished), then the result in one line."""
+    if run.plots and main_process:
         plot_run(out / "metrics.jsonl", out / "training.png", title=f"{summary['variant']} (seed {config.seed})")
-    if main_process:  # last: summary.json marks the run finished
+    if main_process:
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     b, a = summary["before"], summary["after"]
     if b:
         _say(f"held-out accuracy {b['accuracy']:.1%} [{b['ci_low']:.1%}, {b['ci_high']:.1%}] -> "
              f"{a['accuracy']:.1%} [{a['ci_low']:.1%}, {a['ci_high']:.1%}] ({a['n']} problems, greedy); "
              f"training {(summary['train_wall_s'] or 0.0) / 60:.1f} min")
-    return summary
 
 
 def cmd_train(argv) -> int:
     """`d3s train [--config RECIPE] [--field value ...]`; `--help` lists every field."""
-    from d3s.app.recipe import RecipeError, make_parser, parse_train_args, set_offline_defaults
-
     argv = list(argv)
     if "-h" in argv or "--help" in argv:
         parser = make_parser()

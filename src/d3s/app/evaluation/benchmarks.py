@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 from urllib.parse import urlparse
 
-from d3s.app import tasks
-from d3s.app.tasks import last_boxed
+from d3s.app.datafiles import SUFFIXES, BadJsonLine, DataFileError, NotUtf8, read_rows
 from d3s.app.errors import UsageError
+from d3s.app.scoring import Scorer, last_boxed
+from d3s.app.tasks import ArithmeticTaskConfig, heldout_problems
 
 AnswerFormat = Literal["plain", "gsm8k", "boxed", "list"]
-Scorer = Literal["math_verify", "numeric"]
 
 
 class BenchmarkError(UsageError):
@@ -125,8 +125,6 @@ ALIASES = {
     "olympiad": "olympiadbench",
     "olympiad_bench": "olympiadbench",
 }
-
-_LOCAL_EXTENSIONS = (".jsonl", ".json", ".parquet")
 
 
 @dataclass(frozen=True)
@@ -240,44 +238,17 @@ def row_to_problem(spec: BenchmarkSpec, row: dict[str, Any], index: int, where: 
 # ---------------------------------------------------------------------------------------------
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Rows of one JSON (list of records, {key: records} or {column: values}), JSONL or parquet."""
-    from d3s.app.jsonfiles import BadJsonLine, NotUtf8, json_document, json_lines, utf8_text
-
-    suffix = path.suffix.lower()
-    if suffix in (".json", ".jsonl"):
-        try:
-            text = utf8_text(path.read_bytes())
-            data = [row for _, row in json_lines(text)] if suffix == ".jsonl" else json_document(text)
-        except NotUtf8 as e:
-            raise BenchmarkError(f"{path}:{e.line}: not UTF-8 text (byte {e.byte:#04x} at offset {e.offset}); "
-                                 "save the file as UTF-8") from None
-        except BadJsonLine as e:
-            raise BenchmarkError(f"{path}:{e.line}: not valid JSON ({e.msg} at column {e.column})") from None
-        if suffix == ".jsonl" or isinstance(data, list):
-            return data
-        if isinstance(data, dict):
-            lists = [v for v in data.values() if isinstance(v, list)]
-            if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):
-                return lists[0]  # {"data": [records]}
-            if lists and len(lists) == len(data) and len({len(v) for v in lists}) == 1:
-                return [dict(zip(data, values)) for values in zip(*data.values())]  # columns
-        raise BenchmarkError(
-            f"{path}: expected a list of records, {{key: [records]}} or {{column: [values]}}"
-        )
-    elif suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as e:
-            raise ImportError("reading parquet needs pyarrow: pip install pyarrow") from e
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for a broken file
-            raise BenchmarkError(f"{path}: not a readable parquet file ({type(e).__name__})") from None
-    else:
-        raise BenchmarkError(
-            f"{path}: unsupported file type {suffix!r}; use one of {', '.join(_LOCAL_EXTENSIONS)}"
-        )
+def read_file(path: Path) -> list[Any]:
+    """Rows of one local data file (`d3s.app.datafiles.read_rows`); BenchmarkError names the file and line."""
+    try:
+        return [row for _, row in read_rows(path)]
+    except NotUtf8 as e:
+        raise BenchmarkError(f"{path}:{e.line}: not UTF-8 text (byte {e.byte:#04x} at offset {e.offset}); "
+                             "save the file as UTF-8") from None
+    except BadJsonLine as e:
+        raise BenchmarkError(f"{path}:{e.line}: not valid JSON ({e.msg} at column {e.column})") from None
+    except DataFileError as e:
+        raise BenchmarkError(f"{path}: {e}") from None
 
 
 def _pick_files(spec: BenchmarkSpec, folder: Path) -> list[Path]:
@@ -286,7 +257,7 @@ def _pick_files(spec: BenchmarkSpec, folder: Path) -> list[Path]:
         p
         for p in folder.rglob("*")
         if p.is_file()
-        and p.suffix.lower() in _LOCAL_EXTENSIONS
+        and p.suffix.lower() in SUFFIXES
         and not any(part.startswith(".") for part in p.relative_to(folder).parts)
     )
     for wanted in (spec.hf_config, spec.hf_split):
@@ -304,7 +275,7 @@ def local_candidates(spec: BenchmarkSpec, data_dir: Path) -> list[Path]:
     out: list[Path] = []
     for stem in dict.fromkeys(stems):
         out.append(data_dir / stem)
-        out += [data_dir / f"{stem}{ext}" for ext in _LOCAL_EXTENSIONS]
+        out += [data_dir / f"{stem}{ext}" for ext in SUFFIXES]
     return out
 
 
@@ -315,11 +286,11 @@ def load_local(spec: BenchmarkSpec, path: Path) -> list[Problem]:
     files = _pick_files(spec, path) if path.is_dir() else [path]
     if not files:
         raise BenchmarkError(
-            f"{spec.name}: no {'/'.join(_LOCAL_EXTENSIONS)} file under {path}"
+            f"{spec.name}: no {'/'.join(SUFFIXES)} file under {path}"
         )
     problems: list[Problem] = []
     for file in files:
-        for row in read_records(file):
+        for row in read_file(file):
             if not isinstance(row, dict):
                 raise BenchmarkError(f"{spec.name}: {file} holds a non-record row: {row!r:.80}")
             problems.append(row_to_problem(spec, row, len(problems), str(file)))
@@ -383,12 +354,11 @@ def load_hub(spec: BenchmarkSpec) -> list[Problem]:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_arith(task: tasks.ArithmeticTaskConfig | None = None) -> list[Problem]:
+def load_arith(task: ArithmeticTaskConfig | None = None) -> list[Problem]:
     """The held-out problems of the embedded `d3s train` task (generated offline)."""
-    task = task or tasks.ArithmeticTaskConfig()
     return [
         Problem("arith", str(i), p["question"], p["answer"])
-        for i, p in enumerate(tasks.heldout_problems(task))
+        for i, p in enumerate(heldout_problems(task or ArithmeticTaskConfig()))
     ]
 
 

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, Sequence
 
 from d3s.app.errors import UsageError
+from d3s.app.models import is_missing_local_model
+
+from .prompts import has_chat_template
 
 Backend = Literal["auto", "transformers", "vllm"]
 
@@ -86,8 +89,6 @@ class TransformersSampler:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as e:
             raise ImportError("d3s eval needs transformers: pip install 'd3s[eval]'") from e
-        from d3s.app.models import is_missing_local_model
-
         if is_missing_local_model(model):
             raise ModelLoadError(f"model folder {model!r} does not exist")
         self.device = _resolve_device(device)
@@ -118,8 +119,6 @@ class TransformersSampler:
         The caller owns the model's train/eval mode and the tokenizer's padding side (left, for
         generation). As in `d3s eval`, special tokens are added to plain prompts only: a chat
         template already carries them."""
-        from .prompts import has_chat_template
-
         self = cls.__new__(cls)
         self.model, self.tokenizer, self.device = model, tokenizer, str(model.device)
         self._setup(batch_size)

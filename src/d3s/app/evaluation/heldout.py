@@ -7,23 +7,12 @@ checkpoint, problems and batch size, `d3s eval --temperature 0 --n 1` gives the 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from d3s.app.evaluation.generation import SamplingSettings, TransformersSampler, call_plan, problems_per_call
 from d3s.app.evaluation.prompts import render_prompt
+from d3s.app.intervals import wilson_interval
 from d3s.app.tasks import TaskData, prompt_text
-
-
-def wilson_interval(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion (better than p +- 1.96 sd near 0 or 1)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = correct / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def heldout_accuracy(model: Any, tokenizer: Any, task: TaskData, max_new_tokens: int, batch_size: int) -> dict:

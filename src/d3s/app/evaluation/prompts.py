@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from d3s.app import tasks
-
 from d3s.app.errors import UsageError
+from d3s.app.tasks import ARITH_INSTRUCTION, MATH_INSTRUCTION
 
 ChatMode = Literal["auto", "on", "off"]
 
-BOXED_TEMPLATE = "{question}\n" + tasks.MATH_INSTRUCTION
+BOXED_TEMPLATE = "{question}\n" + MATH_INSTRUCTION
 """Qwen2.5-Math's chain-of-thought instruction, the usual one for math-verify scoring."""
 
-ARITH_TEMPLATE = "{question} " + tasks.ARITH_INSTRUCTION
+ARITH_TEMPLATE = "{question} " + ARITH_INSTRUCTION
 """The embedded task's own prompt (identical to `d3s.app.tasks.prompt_text`)."""
 
 

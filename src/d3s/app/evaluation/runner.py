@@ -18,25 +18,20 @@ import json
 import os
 import re
 import sys
-import warnings
 import zlib
 from concurrent.futures import Executor, ProcessPoolExecutor
-from dataclasses import InitVar, asdict, dataclass, field
+from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence, get_args
 
-from d3s.app.jsonfiles import BadJsonLine, json_lines
+from d3s.app.datafiles import BadJsonLine, json_lines
+from d3s.app.errors import UsageError
+from d3s.app.models import resolve_model
+from d3s.app.scoring import score_job
 
 from .aggregate import average_metrics, benchmark_metrics
-from .benchmarks import (
-    BENCHMARKS,
-    PAPER_BENCHMARKS,
-    Problem,
-    UsageError,
-    load_benchmark,
-    resolve_name,
-)
+from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, Problem, load_benchmark, resolve_name
 from .generation import (
     Backend,
     ModelLoadError,
@@ -48,7 +43,6 @@ from .generation import (
 )
 from .prompts import ChatMode, default_template, fill_template, render_prompt, uses_chat
 from .report import RESULTS_FORMAT, render_report, write_json
-from .scoring import score_job
 
 CACHE_NAME = "samples.jsonl"
 
@@ -59,73 +53,58 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 class EvalConfig:
     """Settings of one `d3s eval` run (validated once, in `__post_init__`).
 
-    The fields are also the command's options (`--max_new_tokens 48`), help text included: the
-    docstring under each field is its help.
+    The fields are also the command's options (`--max_new_tokens 48`, `d3s.app.options`), each with the
+    help in its metadata.
     """
 
-    model: str
-    """Local checkpoint folder or hub model name; `embedded`: the base model of the default
-    `d3s train` run (SmolLM2-135M-Instruct), `tiny`: a random 2-layer model for smoke runs."""
-    benchmarks: tuple[str, ...] = PAPER_BENCHMARKS
-    """Benchmark names, comma-separated; `name=PATH` reads that benchmark from a local file or
-    folder."""
-    n: int = 32
-    """Completions sampled per problem (the paper: 32)."""
-    ks: tuple[int, ...] = (1, 8, 16)
-    """k values of pass@k, comma-separated (the paper: 1, 8, 16); each <= n."""
-    output_dir: str | None = None
-    """Output folder (cache and results); default `eval_results/<model name>`."""
-    max_new_tokens: int = 2048
-    """Completion length limit in tokens."""
-    temperature: float = 1.0
-    """Sampling temperature (paper Table 4: 1.0 for Qwen2.5-Math, 0.6 for Llama3.1); 0 = greedy."""
-    top_p: float = 0.9
-    """Nucleus sampling threshold (paper Table 4: 0.9)."""
-    top_k: int = 0
-    """Top-k filtering; 0 = off."""
-    seed: int = 0
-    """Base random seed."""
-    data_dir: str | None = None
-    """Folder with local benchmark copies; when set, the hub is not used."""
-    limit: int | None = None
-    """Evaluate only the first `limit` problems of each benchmark."""
-    batch_size: int = 32
-    """Most sequences per generate call (transformers backend)."""
-    backend: Backend = "auto"
-    """`auto` (vLLM if installed and a GPU is present, else transformers), `transformers`,
-    `vllm`."""
-    device: str = "auto"
-    """`auto`, `cpu`, `cuda`, `cuda:1`, ..."""
-    dtype: DType = "auto"
-    """`auto` (bfloat16 on GPU, float32 on CPU), `float32`, `bfloat16`, `float16`."""
-    prompt_template: str | None = None
-    """User message with a `{question}` placeholder; default: the benchmark's own (a
-    "put the final answer within \\boxed{}" instruction; the task's prompt for `arith`)."""
-    chat: ChatMode = "auto"
-    """Use the model's chat template: `auto` (when it has one), `on`, `off`."""
-    system_prompt: str | None = None
-    """Optional system message."""
-    require_boxed: bool = False
-    """Score 0 for completions without `\\boxed{}`; when false, math-verify's own extraction finds
-    the answer."""
-    verify_timeout: int = 5
-    """Seconds math-verify may spend on one parse / comparison before it scores 0."""
-    label: str | None = None
-    """Row label in tables; default: the model name."""
-    overwrite: bool = False
-    """Discard an existing cache in the output folder instead of resuming it."""
-    score_workers: int | None = None
-    """Processes scoring completions in parallel (math-verify takes ~0.05-0.1 s per completion);
-    default: half the CPU cores, at most 8; 1 scores in the main process."""
+    model: str = field(metadata={"help": "Local checkpoint folder or hub model name; `embedded`: the base model of "
+                                 "the default `d3s train` run (SmolLM2-135M-Instruct), `tiny`: a random 2-layer model "
+                                 "for smoke runs."})
+    benchmarks: tuple[str, ...] = field(default=PAPER_BENCHMARKS, metadata={
+        "help": "Benchmark names, comma-separated; `name=PATH` reads that benchmark from a local file or folder. "
+                f"Valid names: {', '.join(BENCHMARKS)}."})
+    n: int = field(default=32, metadata={"help": "Completions sampled per problem (the paper: 32)."})
+    ks: tuple[int, ...] = field(default=(1, 8, 16), metadata={
+        "help": "k values of pass@k, comma-separated (the paper: 1, 8, 16); each <= n."})
+    output_dir: str | None = field(default=None, metadata={
+        "help": "Output folder (cache and results); default `eval_results/<model name>`."})
+    max_new_tokens: int = field(default=2048, metadata={"help": "Completion length limit in tokens."})
+    temperature: float = field(default=1.0, metadata={
+        "help": "Sampling temperature (paper Table 4: 1.0 for Qwen2.5-Math, 0.6 for Llama3.1); 0 = greedy."})
+    top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling threshold (paper Table 4: 0.9)."})
+    top_k: int = field(default=0, metadata={"help": "Top-k filtering; 0 = off."})
+    seed: int = field(default=0, metadata={"help": "Base random seed."})
+    data_dir: str | None = field(default=None, metadata={
+        "help": "Folder with local benchmark copies; when set, the hub is not used."})
+    limit: int | None = field(default=None, metadata={
+        "help": "Evaluate only the first `limit` problems of each benchmark."})
+    batch_size: int = field(default=32, metadata={"help": "Most sequences per generate call (transformers backend)."})
+    backend: Backend = field(default="auto", metadata={
+        "help": "`auto` (vLLM if installed and a GPU is present, else transformers), `transformers`, `vllm`."})
+    device: str = field(default="auto", metadata={"help": "`auto`, `cpu`, `cuda`, `cuda:1`, ..."})
+    dtype: DType = field(default="auto", metadata={
+        "help": "`auto` (bfloat16 on GPU, float32 on CPU), `float32`, `bfloat16`, `float16`."})
+    prompt_template: str | None = field(default=None, metadata={
+        "help": "User message with a `{question}` placeholder; default: the benchmark's own (a \"put the final "
+                "answer within \\boxed{}\" instruction; the task's prompt for `arith`)."})
+    chat: ChatMode = field(default="auto", metadata={
+        "help": "Use the model's chat template: `auto` (when it has one), `on`, `off`."})
+    system_prompt: str | None = field(default=None, metadata={"help": "Optional system message."})
+    require_boxed: bool = field(default=False, metadata={
+        "help": "Score 0 for completions without `\\boxed{}`; when false, math-verify's own extraction finds the "
+                "answer."})
+    verify_timeout: int = field(default=5, metadata={
+        "help": "Seconds math-verify may spend on one parse / comparison before it scores 0."})
+    label: str | None = field(default=None, metadata={"help": "Row label in tables; default: the model name."})
+    overwrite: bool = field(default=False, metadata={
+        "help": "Discard an existing cache in the output folder instead of resuming it."})
+    score_workers: int | None = field(default=None, metadata={
+        "help": "Processes scoring completions in parallel (math-verify takes ~0.05-0.1 s per completion); default: "
+                "half the CPU cores, at most 8; 1 scores in the main process."})
     benchmark_paths: dict[str, str] = field(default_factory=dict, init=False)
     """Filled from `name=PATH` entries of `benchmarks`."""
-    output: InitVar[str | None] = None
-    """The former name of `output_dir` (accepted with a DeprecationWarning)."""
 
-    def __post_init__(self, output: str | None = None) -> None:
-        if output is not None:
-            warnings.warn("EvalConfig(output=...) is now EvalConfig(output_dir=...)", DeprecationWarning, stacklevel=3)
-            self.output_dir = self.output_dir or output
+    def __post_init__(self) -> None:
         if isinstance(self.benchmarks, str):
             self.benchmarks = tuple(b for b in self.benchmarks.split(",") if b.strip())
         if not self.benchmarks:
@@ -280,8 +259,6 @@ def _call_seed(seed: int, problem: Problem) -> int:
 def model_path(model: str) -> str:
     """`embedded` / `tiny`: the models of `d3s train` (see `d3s.app.models`); anything else as is."""
     if model in ("embedded", "tiny"):
-        from d3s.app.models import resolve_model
-
         try:
             return resolve_model(model)
         except FileNotFoundError as e:  # the package holding the embedded model is missing

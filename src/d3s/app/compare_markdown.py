@@ -1,0 +1,136 @@
+"""`compare.md`: the summary of `d3s compare` (`d3s.app.compare_summary`) as markdown tables, one section
+per question: final accuracy, cost to reach the reference's accuracy, where a step's time goes, the runs."""
+
+from __future__ import annotations
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _points(x: float) -> str:
+    return f"{x * 100:+.1f}"
+
+
+def _ci(c, fmt=_pct) -> str:
+    return "-" if c is None else f"[{fmt(c[0])}, {fmt(c[1])}]"
+
+
+def _minutes(s: float | None) -> str:
+    return "-" if s is None else f"{s / 60:.1f} min"
+
+
+def _tokens(t: float | None) -> str:
+    return "-" if t is None else f"{t:,.0f}"
+
+
+def _times(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _span(s, fmt) -> str:
+    return "" if s is None or s[0] == s[1] else f" ({fmt(s[0])}-{fmt(s[1])})"
+
+
+def _seconds(d: dict | None, key: str) -> str:
+    return "-" if not d or d.get(key) is None else f"{d[key]:.1f}"
+
+
+def _section(title: str, note: str, head: list[str], rows: list[list[str]]) -> list[str]:
+    """A titled markdown table with a note under its title."""
+    return [f"## {title}", "", note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def _accuracy(summary: dict) -> list[str]:
+    ref = summary["reference"]
+    rows = [[v, _pct(row["final_accuracy_mean"]), _ci(row["seed_ci95"]), _ci(row["pooled_ci95"]),
+             ", ".join(_pct(a) for a in row["final_accuracy_per_seed"]),
+             _points(row["diff_to_reference_mean"]) if v != ref else "-",
+             _ci(row["diff_to_reference_ci95"], _points) if v != ref else "-", _pct(row["no_signal_share_mean"])]
+            for v, row in summary["variants"].items()]
+    return _section(
+        "Final held-out accuracy",
+        f"Mean over seeds with a 95% t-interval over seeds (needs 2 seeds) and the 95% Wilson interval of the "
+        f"pooled answers; the difference to {ref} is paired by seed, in percentage points.",
+        ["variant", "final acc (mean)", "95% CI over seeds", "pooled 95% CI", "per seed", f"vs {ref} (points)",
+         "paired 95% CI", "steps with no signal"], rows)
+
+
+def _cost(summary: dict) -> list[str]:
+    rows = [[v, f"{row['seeds_reaching_target']}/{len(summary['seeds'])}",
+             _minutes(row["wall_s_to_target_mean"]) + _span(row["wall_s_to_target_spread"], _minutes),
+             _tokens(row["computed_to_target_mean"]) + _span(row["computed_to_target_spread"], _tokens),
+             _tokens(row["tokens_to_target_mean"]), _times(row["speedup_wall"]), _times(row["speedup_computed"]),
+             _minutes(row["train_wall_s_mean"]), _tokens(row["computed_tokens_mean"])]
+            for v, row in summary["variants"].items()]
+    return _section(
+        f"Cost to reach {summary['reference']}'s final accuracy ({summary['target_accuracy']:.1%})",
+        "At the first held-out evaluation after training began at or above the target; mean (range) over the "
+        "seeds that reached it. Wall-clock counts training (generation included), not evaluation. Positions "
+        "computed: what the training forward computes (the cost); tokens in the loss: what it trains on.",
+        ["variant", "reached", "wall-clock to target", "positions computed to target", "tokens in loss to target",
+         "speedup (wall)", "speedup (computed)", "whole run: wall-clock", "whole run: positions computed"], rows)
+
+
+def _step_time(summary: dict) -> list[str]:
+    ref = summary["reference"]
+    timed = [row["step_seconds_mean"] or {} for row in summary["variants"].values()]
+    parts = list(dict.fromkeys(p for d in timed for p in d if p != "step"))  # as the runs timed and named them
+    ref_step = (summary["variants"][ref]["step_seconds_mean"] or {}).get("step")
+    rows = []
+    for v, row in summary["variants"].items():
+        d = row["step_seconds_mean"]
+        ratio = "-" if not d or not ref_step or d.get("step") is None else f"{d['step'] / ref_step:.2f}"
+        rows.append([v, _seconds(d, "step"), *(_seconds(d, p) for p in parts), ratio])
+    return _section(
+        "Where a training step's time goes",
+        "Seconds per step, mean over steps and seeds: TRL's `step_time` (generation included, the optimizer update "
+        "not) and, where the runs timed them, its parts (`d3s/time/*`: generation with reward scoring; selection "
+        "with the kept rows' passes; the KL metric; the loss forward; the backward pass and the rest).",
+        ["variant", "step", *(p.replace("_", " ") for p in parts), f"step vs {ref}"], rows)
+
+
+def _runs(summary: dict) -> list[str]:
+    rows = [[f"{v} seed {p['seed']}", _pct(p["final_accuracy"]), _minutes(p["train_wall_s"]),
+             _minutes(p["command_wall_s"]), _pct(p["no_signal_steps"]), f"`{p['code_version']}`"]
+            for v, row in summary["variants"].items() for p in row["per_seed"]]
+    return _section(
+        "Runs",
+        "Training wall-clock, and the whole `d3s train` command that finished the run (model loading and held-out "
+        "evaluations included; a resumed run: its last part).",
+        ["run", "final acc", "training wall-clock", "whole command", "steps with no signal", "code version"], rows)
+
+
+def _notes(summary: dict) -> list[str]:
+    """The base model's accuracy, the code versions, and runs whose recipe could not be checked."""
+    lines = []
+    base = next((r["base_accuracy"] for r in summary["variants"].values() if r["base_accuracy"] is not None), None)
+    if base is not None:
+        lines += ["", f"Base model (before training): {base:.1%} held-out accuracy."]
+    versions = summary["code_versions"]
+    lines += ["", "Code version of the runs: " + ", ".join(f"`{v}`" for v in versions) + "."]
+    if len(versions) > 1:
+        lines += ["**The runs were made by different code versions**; per run:", ""]
+        for v, row in summary["variants"].items():
+            lines.append(f"- {v}: " + ", ".join(f"seed {p['seed']} `{p['code_version']}`" for p in row["per_seed"]))
+    unchecked = [f"{v} seed {p['seed']}" for v, row in summary["variants"].items() for p in row["per_seed"]
+                 if not p["recipe_checked"]]
+    if unchecked:
+        lines += ["", f"Recipe not recorded, so not checked against this command: {', '.join(unchecked)}."]
+    return lines
+
+
+def render_markdown(summary: dict, command: str) -> str:
+    """`compare.md`: the sections above, under a title naming the seeds and the command."""
+    seeds = summary["seeds"]
+    lines = [
+        f"# d3s compare ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}: {', '.join(map(str, seeds))})",
+        "",
+        f"Command: `{command}`",
+        "",
+        *_accuracy(summary),
+    ]
+    for section in (_cost, _step_time, _runs):
+        lines += ["", *section(summary)]
+    return "\n".join(lines + _notes(summary)) + "\n"

@@ -1,0 +1,132 @@
+"""The numbers of `d3s compare`: its finished runs summarised per variant (the `compare.json` it writes).
+
+- Final held-out accuracy per variant (the paper's Table 2 at this scale): mean over seeds with a 95%
+  t-interval over seeds and the 95% Wilson interval of the pooled held-out answers (`d3s.app.intervals`);
+  the difference to the reference variant (`grpo` if present) with a paired 95% t-interval over seeds.
+- Cost to reach the reference's final accuracy (Table 3): training wall-clock, tokens in the loss and
+  training-forward positions computed, at the first held-out evaluation at or above it, per seed.
+- The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), the
+  seconds per step and its timed parts, the code version of every run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from d3s.app.intervals import mean_interval, wilson_interval
+from d3s.app.runfolder import no_signal_share, read_run_records, step_seconds, with_computed_tokens
+
+
+def run_dir(root: Path, variant: str, seed: int) -> Path:
+    return root / f"{variant}-seed{seed}"
+
+
+def _reach(records: list[dict], target: float) -> dict | None:
+    """The first held-out evaluation after training began (step > 0) at or above `target` accuracy."""
+    return next((r for r in records if r.get("type") == "eval" and r["step"] > 0 and r["accuracy"] >= target - 1e-12),
+                None)
+
+
+def _run_version(folder: Path, summary: dict) -> str:
+    if summary.get("code_version"):
+        return summary["code_version"]
+    try:
+        return json.loads((folder / "run_config.json").read_text()).get("code_version") or "not recorded"
+    except (OSError, ValueError):
+        return "not recorded"
+
+
+def _spread(values: list[float]) -> list[float] | None:
+    return [min(values), max(values)] if values else None
+
+
+def _mean_parts(parts: list[dict | None]) -> dict[str, float] | None:
+    """Mean over runs of each timing part that every run recorded."""
+    if not parts or any(p is None for p in parts):
+        return None
+    common = [k for k in parts[0] if all(k in p for p in parts)]
+    return {k: statistics.mean(p[k] for p in parts) for k in common} or None
+
+
+def _load_run(root: Path, variant: str, seed: int) -> dict:
+    folder = run_dir(root, variant, seed)
+    summary = json.loads((folder / "summary.json").read_text())
+    records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
+    return {"seed": seed, "summary": summary, "records": records,
+            "version": _run_version(folder, summary), "recipe_checked": (folder / "run_config.json").is_file()}
+
+
+def _seed_row(run: dict, hit: dict | None) -> dict:
+    """One run's line of the tables."""
+    records, summary = run["records"], run["summary"]
+    train = [x for x in records if x.get("type") == "train"]
+    return {
+        "seed": run["seed"],
+        "final_accuracy": summary["after"]["accuracy"],
+        "train_wall_s": summary["train_wall_s"],
+        "trained_tokens": summary["trained_tokens"],
+        "computed_tokens": records[-1]["computed_tokens"] if records else None,
+        "no_signal_steps": no_signal_share(records),
+        "steps": len(train),
+        "step_seconds": step_seconds(records),
+        "command_wall_s": summary.get("command_wall_s"),
+        "to_target": None if hit is None else {k: hit[k] for k in ("step", "wall_s", "trained_tokens",
+                                                                     "computed_tokens")},
+        "code_version": run["version"],
+        "recipe_checked": run["recipe_checked"],
+    }
+
+
+def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) -> dict:
+    """A variant's line of the tables: its seeds' runs against the reference's final accuracies."""
+    accs = [r["summary"]["after"]["accuracy"] for r in items]
+    correct = sum(r["summary"]["after"]["correct"] for r in items)
+    n = sum(r["summary"]["after"]["n"] for r in items)
+    diffs = [r["summary"]["after"]["accuracy"] - ref_final[r["seed"]] for r in items]
+    hits = [_reach(r["records"], target) for r in items]
+    reached = [h for h in hits if h is not None]
+    per_seed = [_seed_row(r, hit) for r, hit in zip(items, hits)]
+    lo, hi = wilson_interval(correct, n)
+    shares = [p["no_signal_steps"] for p in per_seed if p["no_signal_steps"] is not None]
+    return {
+        "final_accuracy_mean": statistics.mean(accs),
+        "final_accuracy_per_seed": accs,
+        "seed_ci95": mean_interval(accs),
+        "pooled_ci95": [lo, hi],
+        "diff_to_reference_mean": statistics.mean(diffs),
+        "diff_to_reference_ci95": mean_interval(diffs),
+        "base_accuracy": (items[0]["summary"].get("before") or {}).get("accuracy"),
+        "train_wall_s_mean": statistics.mean(r["summary"]["train_wall_s"] for r in items),
+        "trained_tokens_mean": statistics.mean(r["summary"]["trained_tokens"] for r in items),
+        "computed_tokens_mean": statistics.mean(p["computed_tokens"] or 0.0 for p in per_seed),
+        "no_signal_share_mean": statistics.mean(shares) if shares else None,
+        "step_seconds_mean": _mean_parts([p["step_seconds"] for p in per_seed]),
+        "seeds_reaching_target": len(reached),
+        "wall_s_to_target_mean": statistics.mean(h["wall_s"] for h in reached) if reached else None,
+        "wall_s_to_target_spread": _spread([h["wall_s"] for h in reached]),
+        "tokens_to_target_mean": statistics.mean(h["trained_tokens"] for h in reached) if reached else None,
+        "computed_to_target_mean": statistics.mean(h["computed_tokens"] for h in reached) if reached else None,
+        "computed_to_target_spread": _spread([h["computed_tokens"] for h in reached]),
+        "steps_to_target_mean": statistics.mean(h["step"] for h in reached) if reached else None,
+        "per_seed": per_seed,
+    }
+
+
+def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
+    """The summary of the finished runs `root/<variant>-seed<seed>/` (what `compare.json` holds)."""
+    runs = {v: [_load_run(root, v, s) for s in seeds] for v in variants}
+    reference = "grpo" if "grpo" in variants else variants[0]
+    ref_final = {r["seed"]: r["summary"]["after"]["accuracy"] for r in runs[reference]}
+    target = statistics.mean(ref_final.values())
+    table = {v: _variant_row(items, ref_final, target) for v, items in runs.items()}
+    ref = table[reference]
+    for row in table.values():
+        for kind, key in (("wall", "wall_s_to_target_mean"), ("tokens", "tokens_to_target_mean"),
+                          ("computed", "computed_to_target_mean")):
+            mine, theirs = row[key], ref[key]
+            row[f"speedup_{kind}"] = theirs / mine if mine and theirs else None
+    versions = sorted({p["code_version"] for row in table.values() for p in row["per_seed"]})
+    return {"reference": reference, "target_accuracy": target, "seeds": seeds, "variants": table,
+            "code_versions": versions}

@@ -1,0 +1,243 @@
+"""The trainer and the callback of a `d3s train` run.
+
+- `RunTrainer`: `D3SGRPOTrainer` with what a run needs from its checkpoints: atomic saves, and the
+  resume point of the last finished step (see the class docstring);
+- `RunCallback`: the run's records in `metrics.jsonl`, the progress bar and the periodic held-out
+  evaluation; it records, it never steers training.
+
+This module imports TRL and transformers at its top; `d3s.app.train` imports it only when a run starts,
+so that `d3s --help` and the other jobs load neither.
+
+`RunTrainer` overrides, reads and calls private methods and attributes of transformers' `Trainer`
+(and TRL's `GRPOTrainer`), and `d3s.app.train` calls two more and one of torch: every one is listed in
+`PRIVATE_API`, which a test checks against the installed versions (`d3s.integrations.private_api`).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import rotate_checkpoints
+from trl import GRPOTrainer
+
+from d3s.app.runfolder import STAGING_NAME, publish_folder
+from d3s.integrations.private_api import ATTRIBUTE, NAME
+from d3s.integrations.trl import D3SGRPOTrainer
+
+PRIVATE_API = {
+    # Overridden by RunTrainer (the parameters its overrides receive and pass on)
+    "Trainer._get_output_dir": "(self, trial)",
+    "GRPOTrainer._save_checkpoint": "(self, model, trial)",  # also called by d3s.app.train (a stop, the end)
+    "Trainer._get_grad_norm": "(self, model, grad_norm=None)",
+    "Trainer._get_learning_rate": "(self)",  # also called by RunTrainer.d3s_log_finished_step
+    "Trainer._maybe_log_save_evaluate": "(self, tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, "
+                                        "start_time, learning_rate=None)",
+    # Read and set by RunTrainer.d3s_log_finished_step: the loss summed since the last log, and its step
+    "Trainer._tr_loss": ATTRIBUTE,
+    "Trainer._globalstep_last_logged": ATTRIBUTE,
+    # Called by d3s.app.train: the weights of a checkpoint whose steps are all trained; native bf16 kernels
+    "Trainer._load_from_checkpoint": "(self, resume_from_checkpoint, model=None)",
+    "torch.ops.mkldnn._is_mkldnn_bf16_supported": NAME,
+}
+"""Every private method, attribute or function of another library that a `d3s train` run relies on:
+`"Owner.name"` -> its parameters, `ATTRIBUTE` or `NAME` (see `d3s.integrations.private_api`)."""
+
+PRIVATE_API_OWNERS = {"Trainer": Trainer, "GRPOTrainer": GRPOTrainer, "torch.ops.mkldnn": torch.ops.mkldnn}
+"""The classes and namespaces that `PRIVATE_API` names by their short names."""
+
+
+def rng_states() -> dict:
+    """The states of every random number generator a training step draws from."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.random.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.random.set_rng_state(states["cpu"])
+    if "cuda" in states:
+        torch.cuda.random.set_rng_state_all(states["cuda"])
+
+
+class RunTrainer(D3SGRPOTrainer):
+    """`D3SGRPOTrainer` with two things a run needs from its checkpoints:
+
+    - atomic saves: a checkpoint is written into `.staging/checkpoint-N` and renamed into place when
+      complete (then old ones are rotated), so a kill during a save leaves no half `checkpoint-N`;
+    - the resume point of the last finished step: the RNG states and the token and FLOP counters right
+      after the step was logged and (maybe) saved, which is what a regular checkpoint of that step
+      holds. A checkpoint written on Ctrl-C restores them first: the half-finished next step has
+      already drawn from the RNGs and counted its tokens.
+    """
+
+    _d3s_staging: str | None = None
+    d3s_resume_point: dict | None = None
+
+    def _get_output_dir(self, trial):
+        return self._d3s_staging if self._d3s_staging is not None else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"checkpoint-{self.state.global_step}"
+        staging = run_dir / STAGING_NAME
+        if self.args.should_save:
+            shutil.rmtree(staging / name, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self._d3s_staging = str(staging)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._d3s_staging = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            publish_folder(staging / name, run_dir / name)
+            try:
+                staging.rmdir()
+            except OSError:
+                pass
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
+
+    # The step's grad norm and pre-update learning rate, for its record if a stop comes before it
+    def _get_grad_norm(self, model, grad_norm=None):
+        self.d3s_grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        return self.d3s_grad_norm
+
+    def _get_learning_rate(self):
+        self.d3s_learning_rate = super()._get_learning_rate()
+        return self.d3s_learning_rate
+
+    def d3s_log_finished_step(self) -> None:
+        """The record `_maybe_log_save_evaluate` would have written for the step that just ended."""
+        since = max(1, self.state.global_step - self._globalstep_last_logged)
+        logs = {"loss": self._tr_loss.item() / since}
+        grad_norm = getattr(self, "d3s_grad_norm", None)
+        if grad_norm is not None:
+            logs["grad_norm"] = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else grad_norm
+        lr = getattr(self, "d3s_learning_rate", None)
+        logs["learning_rate"] = lr if lr is not None else self._get_learning_rate()
+        self._globalstep_last_logged = self.state.global_step
+        self.store_flos()
+        self.log(logs)
+
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        super()._maybe_log_save_evaluate(*args, **kwargs)
+        self.d3s_resume_point = {
+            "step": self.state.global_step,
+            "rng": rng_states(),
+            # counters the next step advances before it finishes
+            "num_input_tokens_seen": self.state.num_input_tokens_seen,
+            "total_flos": self.state.total_flos + self.current_flos,
+        }
+
+    def d3s_rewind_to_resume_point(self) -> None:
+        """Back to the state right after the last finished step (see the class docstring)."""
+        point = self.d3s_resume_point
+        set_rng_states(point["rng"])
+        self.state.num_input_tokens_seen = point["num_input_tokens_seen"]
+        self.state.total_flos, self.current_flos = point["total_flos"], 0
+
+
+class RunCallback(TrainerCallback):
+    """JSONL records (through `run_log`, a `d3s.app.train.RunLog`), the progress bar and the held-out
+    evaluation (`evaluate()`) every `eval_every` steps. Records only; no control."""
+
+    def __init__(self, run_log: Any, evaluate: Callable[[], dict], eval_every: int):
+        self.run_log, self.evaluate, self.eval_every = run_log, evaluate, eval_every
+        last = run_log.last("train")
+        self.wall_offset = last["wall_s"] if last else 0.0
+        self.trained_tokens = last["trained_tokens"] if last else 0.0
+        self.generated_tokens = last["generated_tokens"] if last else 0.0
+        self.computed_tokens = last.get("computed_tokens", 0.0) if last else 0.0
+        self.eval_seconds = 0.0
+        self.t0 = time.perf_counter()
+        self.updating_from: int | None = None
+        self.bar = None
+        self.last_step = last["step"] if last else 0
+        last_eval = run_log.last("eval")
+        self.last_acc = last_eval["accuracy"] if last_eval else None
+
+    def wall(self) -> float:
+        return self.wall_offset + time.perf_counter() - self.t0 - self.eval_seconds
+
+    def _eval_due(self, step: int, max_steps: int) -> bool:
+        return bool(self.eval_every) and step % self.eval_every == 0 and step < max_steps
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t0 = time.perf_counter()
+        if state.is_world_process_zero:
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="d3s train", dynamic_ncols=True,
+                            file=sys.stderr)
+        # Resumed at a step whose held-out evaluation was cut off by the stop: the checkpoint holds
+        # the weights it evaluates, so run it now (greedy decoding draws no random numbers).
+        step = state.global_step
+        if step and self._eval_due(step, state.max_steps) and not any(
+                r["type"] == "eval" and r["step"] == step for r in self.run_log.records):
+            self.run_eval(step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "loss" not in logs and "reward" not in logs:
+            return
+        steps = state.global_step - self.last_step
+        self.last_step = state.global_step
+        self.trained_tokens += logs.get("d3s/tokens_in_loss", 0.0) * steps
+        ratio = logs.get("d3s/token_consumption_ratio")
+        if ratio:
+            self.generated_tokens += logs.get("d3s/tokens_in_loss", 0.0) / ratio * steps
+        self.computed_tokens += logs.get("d3s/tokens_computed", 0.0) * steps
+        record = {"type": "train", "step": state.global_step, "wall_s": self.wall(),
+                  "trained_tokens": self.trained_tokens, "generated_tokens": self.generated_tokens,
+                  "computed_tokens": self.computed_tokens,
+                  **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+        self.run_log.add(record)
+        if self.bar is not None:
+            self.bar.set_postfix(self._bar_fields(logs), refresh=False)
+        # After the step's record (logs come after on_step_end), before its checkpoint is saved
+        if self._eval_due(state.global_step, state.max_steps):
+            self.run_eval(state.global_step)
+
+    def _bar_fields(self, logs: dict) -> dict[str, str]:
+        post = {"reward": f"{logs.get('reward', float('nan')):.2f}"}
+        if "d3s/rollouts_kept" in logs and "d3s/rollout_ratio" in logs and logs["d3s/rollout_ratio"] > 0:
+            total = logs["d3s/rollouts_kept"] / logs["d3s/rollout_ratio"]
+            post["kept"] = f"{logs['d3s/rollouts_kept']:.0f}/{total:.0f}"
+        if "d3s/tokens_in_loss" in logs:
+            post["tokens"] = f"{logs['d3s/tokens_in_loss']:.0f}"
+        if self.last_acc is not None:
+            post["heldout"] = f"{self.last_acc:.1%}"
+        return post
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.updating_from = state.global_step  # weights, optimizer and scheduler change until the step ends
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.updating_from = None
+        if state.is_world_process_zero and self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+
+    def run_eval(self, step: int) -> dict:
+        t = time.perf_counter()
+        result = self.evaluate()
+        self.eval_seconds += time.perf_counter() - t
+        self.last_acc = result["accuracy"]
+        self.run_log.add({"type": "eval", "step": step, "wall_s": self.wall(), "trained_tokens": self.trained_tokens,
+                          "generated_tokens": self.generated_tokens, "computed_tokens": self.computed_tokens,
+                          **{k: v for k, v in result.items() if k != "examples"}})
+        return result
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
