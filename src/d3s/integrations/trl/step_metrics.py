@@ -68,6 +68,7 @@ def log_selection(
     valid_per_row: torch.Tensor,
     tokens_in_loss: int,
     padding_rows: int | None = None,
+    nonfinite_scores: int | None = None,
 ) -> None:
     """The `d3s/*` metrics of one generation batch (all processes), selected or not.
 
@@ -78,6 +79,7 @@ def log_selection(
         kept_advantages: `(K,)` the advantages whose variance is logged.
         valid_per_row: `(B*G,)` loss tokens per rollout.
         padding_rows: zero-weight rows added to deal the kept ones evenly (None: nothing was dealt).
+        nonfinite_scores: token scores that were not finite (None: no token cut).
     """
     kept = int(kept_mask.sum())
     tokens_generated = float(valid_per_row.sum())
@@ -96,6 +98,8 @@ def log_selection(
     metrics["d3s/advantage_variance"].append(population_variance(kept_advantages).item())
     metrics["d3s/unscorable_rollouts"].append(float(torch.isnan(rewards).sum()))
     metrics["d3s/empty_completions"].append(float((valid_per_row == 0).sum()))
+    if nonfinite_scores is not None:
+        metrics["d3s/nonfinite_scores"].append(float(nonfinite_scores))
 
 
 def log_generated_entropy(accelerator, metrics: dict, entropies, loss_mask, also_as_entropy: bool) -> None:

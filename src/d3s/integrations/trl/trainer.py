@@ -210,8 +210,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         passes = self._d3s_kept_row_passes(batch, mask, need_entropy=settings.token_selection)
         n_valid = int(valid_per_row[kept].sum())  # loss tokens of the kept rollouts, all ranks
         n_rows, n_tokens = kept.numel(), n_valid
-        entropy_source = None
-        all_token_mask = None
+        entropy_source = n_nonfinite = all_token_mask = None
         if settings.token_selection:
             entropies = batch.pop("d3s_entropies", None)
             entropy_source = "generation"
@@ -219,7 +218,6 @@ class D3SGRPOTrainer(GRPOTrainer):
                 entropies, entropy_source = passes["entropies"], passes["entropy_source"]
             token_mask, all_token_mask, n_nonfinite = self._d3s_token_mask(batch["advantages"], entropies, mask, fraction)
             batch["d3s_token_mask"] = token_mask  # (R, T')
-            metrics["d3s/nonfinite_scores"].append(float(n_nonfinite))
             n_tokens = int(all_token_mask.sum())
             if settings.normalizer == "selected":
                 n_rows = int(all_token_mask.any(dim=1).sum())
@@ -235,6 +233,7 @@ class D3SGRPOTrainer(GRPOTrainer):
             metrics, progress=progress, n_keep=n_keep, fraction=fraction, num_generations=G, rewards=rewards,
             trained_advantages=trained_advantages, kept_mask=kept_mask, kept_advantages=kept_advantages,
             valid_per_row=valid_per_row, tokens_in_loss=n_tokens, padding_rows=slots.numel() - kept.numel(),
+            nonfinite_scores=n_nonfinite,
         )
         self.d3s_last_selection = {
             "kept": kept.cpu(),
