@@ -231,3 +231,15 @@ if __name__ == "__main__":
     for recipe_name in PAPER_RECIPES:
         print(recipe_name)
         print(header(recipe_name))
+
+
+@pytest.mark.parametrize("name", PAPER_RECIPES)
+def test_under_its_deepspeed_launcher_the_kl_metric_is_off_not_an_error(name, monkeypatch):
+    """Under `accelerate launch --config_file <zero3>` the model is sharded; at beta = 0 the KL metric would need an
+    unsharded copy of it, so it is off there by default instead of failing at step 0. (The launcher's environment
+    itself needs DeepSpeed installed to build the arguments: the sharding it announces is stood in for here.)"""
+    from d3s.integrations.trl import D3SConfig
+
+    monkeypatch.setattr(D3SConfig, "d3s_sharded", property(lambda self: True))
+    _, config, _ = parse_train_args(["--config", name, "--use_cpu", "true", "--bf16", "false"])
+    assert config.beta == 0.0 and config.kl_log_every == 0

@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("trl")
 
+import torch  # noqa: E402
 import trl  # noqa: E402
 from packaging.version import Version  # noqa: E402
 
@@ -102,18 +103,42 @@ def test_resolving_the_d3s_fields_twice_changes_nothing(tmp_path):
         (dict(schedule="cosine"), "schedule='cosine'"),
         (dict(normalizer="mean"), "normalizer='mean'"),
         (dict(variant="d2s", top_entropy_quantile=0.2), "top_entropy_quantile=0.2"),
-        (dict(top_entropy_quantile=0.2), "top_entropy_quantile=0.2"),
-        (dict(loss_type="sapo"), "loss_type='sapo'"),
-        (dict(loss_type="cispo"), "loss_type='cispo'"),
+        (dict(variant="d1s", top_entropy_quantile=0.2), "top_entropy_quantile=0.2"),
+        (dict(variant="d3s", loss_type="sapo"), "loss_type='sapo'"),
+        (dict(variant="d1s-c", loss_type="cispo"), "loss_type='cispo'"),
         (dict(variant="grpo", importance_sampling_level="sequence"), "variant='gspo'"),
         (dict(importance_sampling_level="group"), "importance_sampling_level='group'"),
-        (dict(entropy_coef=0.01), "entropy_coef=0.01"),
-        (dict(delta=2.0), "delta=2.0"),
+        (dict(variant="d2s", entropy_coef=0.01), "entropy_coef=0.01"),
+        (dict(variant="pods", use_adaptive_entropy=True), "use_adaptive_entropy=True"),
+        (dict(variant="d3s-i", delta=2.0), "delta=2.0"),
     ],
 )
 def test_inconsistent_settings_are_rejected_with_the_values(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         config(tmp_path, **kwargs)
+
+
+TRL_ONLY_OPTIONS = [
+    dict(loss_type="cispo"),
+    dict(loss_type="sapo"),
+    dict(loss_type="luspo", importance_sampling_level="sequence"),
+    dict(loss_type="vespo"),
+    dict(top_entropy_quantile=0.2),
+    dict(entropy_coef=0.01),
+    dict(use_adaptive_entropy=True),
+    dict(delta=2.0),
+]
+
+
+@pytest.mark.parametrize("variant", [None, "grpo", "gspo"])
+@pytest.mark.parametrize("kwargs", TRL_ONLY_OPTIONS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_with_d3s_off_every_trl_option_is_accepted(tmp_path, variant, kwargs):
+    if variant == "grpo" and kwargs.get("importance_sampling_level") == "sequence":
+        variant = "gspo"
+    args = config(tmp_path, variant=variant, **kwargs)
+    assert not args.d3s_active
+    for key, value in kwargs.items():
+        assert getattr(args, key) == value
 
 
 def test_trainer_refuses_a_plain_grpo_config(tmp_path):
@@ -152,3 +177,38 @@ def test_d3s_train_variant_d1s_with_n_init_trains_with_that_n(tmp_path):
                                   "--output_dir", str(tmp_path)])
     assert (cfg.n_init, cfg.n_final) == (2, 2)
     assert {cfg.d3s_settings.schedule_at(p)[0] for p in (0.0, 0.5, 1.0)} == {2}
+
+
+def test_kl_metric_default_is_every_5_generations_and_off_when_sharded(tmp_path, monkeypatch):
+    assert config(tmp_path).kl_log_every == 5
+    assert config(tmp_path, kl_log_every=3).kl_log_every == 3
+    with monkeypatch.context() as m:
+        m.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` with an FSDP config sets
+        assert config(tmp_path).kl_log_every == 0
+        assert config(tmp_path, kl_log_every=2).kl_log_every == 2  # the user's explicit choice stays
+
+
+class _ShardedTrainer:
+    """What `KLMonitor.keep_initial_weights` reads of a trainer whose model DeepSpeed or FSDP shards."""
+
+    def __init__(self, args, deepspeed: bool):
+        import types
+
+        self.args, self.beta = args, 0.0
+        self.is_deepspeed_enabled, self.is_fsdp_enabled = deepspeed, not deepspeed
+        self.model = torch.nn.Linear(2, 2)
+        self.accelerator = types.SimpleNamespace(unwrap_model=lambda m: m, is_main_process=True)
+
+
+@pytest.mark.parametrize("deepspeed", [True, False], ids=["deepspeed", "fsdp"])
+def test_kl_metric_under_sharding_turns_off_by_default_and_refuses_an_explicit_request(tmp_path, capsys, deepspeed):
+    from d3s.integrations.trl.kl_monitor import KLMonitor
+
+    args = config(tmp_path)  # kl_log_every left unset: resolved to 5 here (no launcher in this process)
+    monitor = KLMonitor(args.kl_log_every, args.kl_log_rollouts)
+    monitor.keep_initial_weights(_ShardedTrainer(args, deepspeed))
+    assert monitor.every == 0 and monitor.initial_model is None and not monitor.due(0.0, 0)
+    assert capsys.readouterr().err.count("\n") == 1  # one line says so
+    explicit = config(tmp_path, kl_log_every=5)
+    with pytest.raises(ValueError, match="kl_log_every=5 at beta=0 keeps a frozen copy"):
+        KLMonitor(5, 8).keep_initial_weights(_ShardedTrainer(explicit, deepspeed))

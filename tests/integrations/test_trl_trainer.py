@@ -19,8 +19,11 @@ from trl_tiny import (  # noqa: E402
     flat_params,
     length_reward,
     make_rollout_func,
+    prompt_dataset,
     run_training,
     step_logs,
+    tiny_model,
+    tiny_tokenizer,
 )
 
 from d3s import VARIANTS, linear_schedule, num_tokens_to_keep  # noqa: E402
@@ -44,6 +47,13 @@ def assert_same_training(a, b, rtol=1e-5, atol=1e-7):
     "loss_type, extra",
     [
         ("grpo", {}),
+        ("cispo", {}),  # TRL's losses that only the D3S-off path runs
+        ("sapo", {}),
+        ("luspo", {"importance_sampling_level": "sequence"}),
+        ("vespo", {}),
+        ("dapo", {"top_entropy_quantile": 0.2}),
+        ("dapo", {"entropy_coef": 0.01}),
+        ("dapo", {"delta": 2.0, "num_iterations": 2}),
         ("dapo", {"beta": 0.04, "use_bias_correction_kl": False}),  # + k3 KL to a reference model
         ("dapo", {"beta": 0.04, "num_iterations": 2}),  # + TRL's default importance-weighted KL
         ("bnpo", {"num_iterations": 2}),  # + old log-probs (two updates per generation)
@@ -53,7 +63,8 @@ def assert_same_training(a, b, rtol=1e-5, atol=1e-7):
 def test_without_selection_matches_trl(tmp_path, loss_type, extra):
     common = dict(loss_type=loss_type, max_steps=3, **SMALL, **extra)
     trl_run = run_training(GRPOTrainer, GRPOConfig, tmp_path / "trl", **common)
-    d3s_run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "d3s", variant="grpo", **common)
+    variant = "gspo" if extra.get("importance_sampling_level") == "sequence" else "grpo"
+    d3s_run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "d3s", variant=variant, **common)
     assert_same_training(trl_run, d3s_run)
     # D3S off IS TRL's computation: bit for bit, not only within a tolerance
     assert torch.equal(flat_params(trl_run.model), flat_params(d3s_run.model))
@@ -62,6 +73,19 @@ def test_without_selection_matches_trl(tmp_path, loss_type, extra):
     if "beta" in extra:
         assert all(h["kl"] >= 0 for h in step_logs(d3s_run)) and step_logs(d3s_run)[-1]["kl"] > 0
         assert [h["kl"] for h in step_logs(d3s_run)] == pytest.approx([h["kl"] for h in step_logs(trl_run)])
+
+
+def test_reward_funcs_is_optional_as_in_trl(tmp_path):
+    """TRL 1.16 takes rewards from `environment_factory` too, so `reward_funcs` may be left out; TRL then says what
+    is missing when there is no reward source at all."""
+    import inspect
+
+    ours = inspect.signature(D3SGRPOTrainer.__init__).parameters["reward_funcs"]
+    theirs = inspect.signature(GRPOTrainer.__init__).parameters["reward_funcs"]
+    assert ours.default is theirs.default is None
+    args = D3SConfig(output_dir=str(tmp_path), variant="d3s", num_generations=4, use_cpu=True, report_to=[], **SMALL)
+    with pytest.raises(ValueError, match="No reward source provided"):
+        D3SGRPOTrainer(tiny_model(), args=args, train_dataset=prompt_dataset(), processing_class=tiny_tokenizer())
 
 
 def test_gspo_matches_trl_sequence_level_ratio(tmp_path):

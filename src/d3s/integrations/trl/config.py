@@ -7,10 +7,14 @@ with a message naming the value and what would be valid.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from d3s.integrations.trl.compat import GRPOConfig
 from d3s.variants import Variant, get_variant, paired, scaled_count
+
+DEFAULT_KL_LOG_EVERY = 5
+"""`kl_log_every` when it is not set and the model is not sharded."""
 
 SUPPORTED_LOSS_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
 
@@ -70,13 +74,14 @@ class D3SConfig(GRPOConfig):
     allow_tightening: bool = field(
         default=False, metadata=_h("Allow a linear schedule whose final N or K is below the initial one.")
     )
-    kl_log_every: int = field(
-        default=5,
+    kl_log_every: int | None = field(
+        default=None,
         metadata=_h(
             "At beta=0, log `kl` (k3 KL of the current to the initial policy) every this many generation batches; "
-            "0 turns it off. Cost per measurement: two no-grad forwards of `kl_log_rollouts` rollouts per process, "
-            "and a frozen copy of the initial weights in memory (none with PEFT). At beta != 0 the KL to the "
-            "reference is logged every step at no extra cost."
+            "0 turns it off. Default 5, and 0 under DeepSpeed or FSDP (the frozen copy of the initial weights is "
+            "not sharded there). Cost per measurement: two no-grad forwards of `kl_log_rollouts` rollouts per "
+            "process, and a frozen copy of the initial weights in memory (none with PEFT). At beta != 0 the KL to "
+            "the reference is logged every step at no extra cost."
         ),
     )
     kl_log_rollouts: int = field(
@@ -158,17 +163,40 @@ class D3SConfig(GRPOConfig):
             raise ValueError("token_selection=True needs k_init (the fraction of tokens kept, in (0, 1])")
         elif self.k_final is None:
             self.k_final = self.k_init
+        if self.kl_log_every is None:
+            self.kl_log_every = 0 if self.d3s_sharded else DEFAULT_KL_LOG_EVERY
+            self._d3s_kl_default = True  # not the user's choice: the trainer may still turn it off (sharding)
         for name in ("kl_log_every", "kl_log_rollouts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be an integer >= 0 (0 turns the KL metric off)")
         _ = self.d3s_settings  # Variant validates: ranges, constant schedule with init != final, ...
 
+    @property
+    def d3s_sharded(self) -> bool:
+        """Whether the model will be sharded (DeepSpeed or FSDP), as far as the arguments and `accelerate launch`'s
+        environment tell before the trainer exists."""
+        launched = any(
+            os.environ.get(name, "false").lower() in ("1", "true", "yes")
+            for name in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP")
+        )
+        return bool(self.deepspeed or self.fsdp or launched)
+
+    @property
+    def d3s_active(self) -> bool:
+        """Whether anything is down-sampled. When not (no variant, `grpo`, `gspo`), the trainer runs TRL's own
+        computation and accepts every option TRL does."""
+        return self.sample_selection != "none" or bool(self.token_selection)
+
     def _check_trl_options(self) -> None:
+        """TRL options the D3S path does not implement are refused while something is down-sampled."""
+        if not self.d3s_active:
+            return
+        what = f"with D3S down-sampling on (variant={self.variant!r})"
         if self.loss_type not in SUPPORTED_LOSS_TYPES:
             raise ValueError(
-                f"loss_type={self.loss_type!r} is not supported by D3SGRPOTrainer; valid: "
-                f"{', '.join(map(repr, SUPPORTED_LOSS_TYPES))}"
+                f"loss_type={self.loss_type!r} is not supported {what}; valid: "
+                f"{', '.join(map(repr, SUPPORTED_LOSS_TYPES))} (or variant='grpo' for TRL's own loss)"
             )
         if self.top_entropy_quantile != 1.0:
             if self.token_selection:
@@ -178,15 +206,15 @@ class D3SConfig(GRPOConfig):
                     "top_entropy_quantile=1.0"
                 )
             raise ValueError(
-                f"top_entropy_quantile={self.top_entropy_quantile} is not supported by D3SGRPOTrainer; use "
+                f"top_entropy_quantile={self.top_entropy_quantile} is not supported {what}; use "
                 "token_selection=True with k_init/k_final, or top_entropy_quantile=1.0"
             )
         if self.delta is not None:
-            raise ValueError(f"delta={self.delta} (two-sided clipping) is not supported by D3SGRPOTrainer; use None")
+            raise ValueError(f"delta={self.delta} (two-sided clipping) is not supported {what}; use None")
         if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
             raise ValueError(
                 f"entropy_coef={self.entropy_coef}, use_adaptive_entropy={self.use_adaptive_entropy}: the entropy "
-                "bonus is not supported by D3SGRPOTrainer; use entropy_coef=0.0, use_adaptive_entropy=False"
+                f"bonus is not supported {what}; use entropy_coef=0.0, use_adaptive_entropy=False"
             )
 
     @property

@@ -12,6 +12,7 @@ frozen copy of the starting weights in memory (none with PEFT: the adapters are 
 from __future__ import annotations
 
 import copy
+import sys
 
 import torch
 
@@ -43,9 +44,16 @@ class KLMonitor:
         if is_peft_model(model):
             return  # the initial policy is the model with its adapters switched off
         if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+            if getattr(trainer.args, "_d3s_kl_default", False):
+                self.every = 0
+                if trainer.accelerator.is_main_process:
+                    print("d3s: the KL metric at beta=0 is off under DeepSpeed/FSDP (kl_log_every=0): the frozen "
+                          "copy of the initial weights it needs is not sharded", file=sys.stderr, flush=True)
+                return
             raise ValueError(
-                "kl_log_every > 0 at beta=0 keeps a frozen copy of the model, which is not supported under "
-                "DeepSpeed/FSDP; set kl_log_every=0, or beta > 0 (the KL to the reference is then logged)"
+                f"kl_log_every={self.every} at beta=0 keeps a frozen copy of the model, which is not supported under "
+                "DeepSpeed/FSDP; set kl_log_every=0 (the default there), or beta > 0 (the KL to the reference is "
+                "then logged)"
             )
         self.initial_model = copy.deepcopy(model).eval().requires_grad_(False)
 

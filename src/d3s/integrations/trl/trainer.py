@@ -57,7 +57,7 @@ class D3SGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "d3s"]
     _name = "D3S-GRPO"
 
-    def __init__(self, model, reward_funcs, args: D3SConfig | None = None, *rest, **kwargs):
+    def __init__(self, model, reward_funcs=None, args: D3SConfig | None = None, *rest, **kwargs):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = D3SConfig(f"{name.split('/')[-1]}-D3S")
@@ -84,8 +84,7 @@ class D3SGRPOTrainer(GRPOTrainer):
     @property
     def d3s_active(self) -> bool:
         """Whether anything is down-sampled; when not (`variant="grpo"`/`"gspo"`), TRL's own computation runs."""
-        settings = self.args.d3s_settings
-        return settings.sample_selection != "none" or settings.token_selection
+        return self.args.d3s_active
 
     # -- schedule (paper eq. 9) ---------------------------------------------------------------------
 
