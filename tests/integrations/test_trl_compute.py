@@ -10,6 +10,7 @@ trainers choose them from the same entropies), the losses, gradients and paramet
 """
 
 import itertools
+import math
 
 import pytest
 
@@ -478,3 +479,49 @@ def test_vllm_path_selective_forward_equals_the_full_masked_computation(tmp_path
                        per_device_train_batch_size=8, gradient_accumulation_steps=2, kl_log_every=0, setup=setup)
     assert len(run.checked) == 4 and max(run.checked) > 0
     assert run.d3s_last_selection["entropy_source"] == "old-policy pass"  # no transformers logits under vLLM
+
+
+class CheckingMoETrainer(D3SGRPOTrainer):
+    """As `CheckingTrainer`, for a mixture-of-experts model: the reference adds TRL's router load-balancing loss
+    over the micro-batch's real rows (TRL's own `_get_per_token_logps_and_entropies(compute_aux_loss=True)`)."""
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        if not self.model.training:
+            return loss
+        real = inputs["d3s_real"]
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)[real]
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)[real]
+        _, _, aux = GRPOTrainer._get_per_token_logps_and_entropies(
+            self, model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_aux_loss=True
+        )
+        reference = full_masked_loss(self, model, inputs)
+        reference = reference + self.router_aux_loss_coef * aux / self.current_gradient_accumulation_steps
+        params = [p for p in model.parameters() if p.requires_grad]
+        got = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        want = torch.autograd.grad(reference, params, retain_graph=True, allow_unused=True)
+        got = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(got, params)])
+        want = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(want, params)])
+        torch.testing.assert_close(loss.detach(), reference.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * max(float(want.abs().max()), 1e-30))
+        self.checked.append(float(aux))
+        return loss
+
+
+@pytest.mark.parametrize("variant", ["d3s", "d1s-c", "d2s"])
+def test_mixture_of_experts_router_loss_trains_over_the_kept_rows(tmp_path, variant):
+    """With D3S on, a MoE model keeps TRL's router load-balancing loss (over every token of the kept rollouts)
+    and logs `aux_loss`; the loss and its gradients equal the full computation's plus TRL's router loss."""
+    from trl_tiny import tiny_moe
+
+    def setup(trainer):
+        trainer.checked = []
+        assert trainer.aux_loss_enabled  # TRL turns it on for this model
+
+    config = dict(variant=variant, max_steps=2, kl_log_every=0, learning_rate=0.05, **SMALL)
+    if variant == "d2s":
+        config.update(k_init=0.3)
+    run = run_training(CheckingMoETrainer, D3SConfig, tmp_path, model_fn=tiny_moe, setup=setup, **config)
+    assert len(run.checked) == 2 * 2 and all(a > 0 for a in run.checked)
+    logs = step_logs(run)
+    assert len(logs) == 2 and all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in logs)

@@ -95,7 +95,7 @@ def test_selective_head_scores_like_trls_fused_head(settings):
     W = 5  # the last W tokens are the completion
     where = torch.ones(3, W, dtype=torch.bool)
     positions = {"labels": input_ids[:, -W:], "grad": where, "values": None, "entropy": False}
-    logps, _ = ours(input_ids=input_ids, attention_mask=attention_mask, d3s_positions=positions)
+    logps, _, _ = ours(input_ids=input_ids, attention_mask=attention_mask, d3s_positions=positions)
     labels = input_ids.clone()
     labels[:, : -W] = -100
     out = theirs(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)

@@ -41,6 +41,20 @@ def tiny_model(seed: int = 0, hidden_size: int = 32, num_hidden_layers: int = 2)
                       initializer_range=0.3)
 
 
+def tiny_moe(seed: int = 0, router_aux_loss_coef: float = 0.05):
+    """A 2-layer Qwen3-MoE (4 experts, 2 per token) whose router load-balancing loss trains, as TRL enables it."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+        output_router_logits=True, router_aux_loss_coef=router_aux_loss_coef, max_position_embeddings=256,
+        pad_token_id=PAD, eos_token_id=EOS, initializer_range=0.3,
+    )
+    return Qwen3MoeForCausalLM(config)
+
+
 def prompt_dataset(n: int = 32, prompt_len: int = 3) -> Dataset:
     """Prompts of `prompt_len` words each (equal token length: no left padding differences)."""
     return Dataset.from_dict({"prompt": [" ".join(f"t{(i + j) % 50}" for j in range(prompt_len)) for i in range(n)]})
@@ -83,7 +97,7 @@ def make_rollout_func(max_len: int, num_generations: int, *, empty_every: int = 
     return rollout_func
 
 
-def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, reward_funcs=length_reward,
+def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, model_fn=None, reward_funcs=length_reward,
                  rollout_func=None, max_len: int = 8, num_generations: int = 4, train_dataset=None,
                  callbacks=(), resume_from_checkpoint=None, eval_dataset=None, setup=None, **config):
     """Build a tiny trainer, train it, return it with a `GradRecorder` of every optimizer step.
@@ -115,7 +129,7 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, rewa
     defaults.update(config)
     args = config_cls(**defaults)
     recorder = GradRecorder()
-    model = tiny_model(model_seed)
+    model = (model_fn or tiny_model)(model_seed)
     if args.beta != 0.0:  # TRL loads the reference model by name: save the tiny model locally
         path = os.path.join(str(tmp_path), "tiny-model")
         model.save_pretrained(path)

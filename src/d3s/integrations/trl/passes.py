@@ -59,7 +59,7 @@ def no_grad_logps(trainer, model, batch, mask, entropy: bool = False):
     with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
         for start in range(0, mask.size(0), chunk):
             rows = slice(start, start + chunk)
-            lp, ent, _ = selective_forward(
+            lp, ent, _, _ = selective_forward(
                 model,
                 trainer.accelerator,
                 batch["prompt_ids"][rows],

@@ -35,12 +35,14 @@ def head_scales(config) -> tuple[float | None, float]:
 
 
 def add_selective_lm_head(model, temperature: float, cast_lm_head_to_fp32: bool) -> None:
-    """Let `model(..., d3s_positions=...)` return `(per_token_logps, entropies)` scored at chosen positions.
+    """Let `model(..., d3s_positions=...)` return `(per_token_logps, entropies, aux_loss)` scored at chosen positions.
 
     The backbone runs once over the given columns; the LM head and its log-softmax (TRL's chunked
     kernel, so the values are TRL's) run with gradient at `d3s_positions["grad"]` and without at
-    `d3s_positions["values"]`, nowhere else. Any other call goes to the previous forward unchanged.
-    Installed through `forward`, so the call passes through DDP/DeepSpeed/FSDP wrappers as usual.
+    `d3s_positions["values"]`, nowhere else. With `d3s_positions["aux_mask"]` (a mixture-of-experts
+    model), the router's load-balancing loss over the positions of that mask, as TRL computes it;
+    else `aux_loss` is None. Any other call goes to the previous forward unchanged. Installed through
+    `forward`, so the call passes through DDP/DeepSpeed/FSDP wrappers as usual.
     """
     if getattr(model, "_d3s_selective_head", False):
         return
@@ -52,7 +54,12 @@ def add_selective_lm_head(model, temperature: float, cast_lm_head_to_fp32: bool)
         if d3s_positions is None:
             return previous(*args, **kwargs)
         kwargs["use_cache"] = False
-        hidden = self.base_model(*args, **kwargs).last_hidden_state  # (S, L, H)
+        aux_mask = d3s_positions.get("aux_mask")  # (S, L) or None
+        if aux_mask is not None:
+            kwargs["output_router_logits"] = True
+        backbone = self.base_model(*args, **kwargs)
+        hidden = backbone.last_hidden_state  # (S, L, H)
+        aux_loss = None if aux_mask is None else router_aux_loss(self.config, backbone.router_logits, aux_mask)
         labels = d3s_positions["labels"]  # (S, W)
         W = labels.size(1)
         hidden = hidden[:, -W - 1 : -1]  # (S, W, H): position t predicts completion token t
@@ -90,10 +97,19 @@ def add_selective_lm_head(model, temperature: float, cast_lm_head_to_fp32: bool)
             logps = logps + zeros.masked_scatter(rest, lp.float())
             if ent is not None:
                 entropies = entropies + zeros.masked_scatter(rest, ent.float())
-        return logps, entropies
+        return logps, entropies, aux_loss
 
     model.forward = types.MethodType(forward, model)
     model._d3s_selective_head = True
+
+
+def router_aux_loss(config, router_logits, mask: torch.Tensor) -> torch.Tensor:
+    """A mixture-of-experts model's load-balancing loss over the positions of `mask` `(S, L)`, as TRL's fused
+    head computes it (Mixtral's `load_balancing_loss_func`, which every MoE family in transformers uses)."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    text_config = config.get_text_config()
+    return load_balancing_loss_func(router_logits, text_config.num_experts, text_config.num_experts_per_tok, mask)
 
 
 def selective_forward(
@@ -107,18 +123,22 @@ def selective_forward(
     grad_positions: torch.Tensor | None,
     value_positions: torch.Tensor | None,
     entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """`(per_token_logps, entropies, positions)`: `(S, T)` scored only where asked, zeros elsewhere.
+    aux_rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+    """`(per_token_logps, entropies, aux_loss, positions)`: `(S, T)` scored only where asked, zeros elsewhere.
 
     The forward stops at the last column any row needs and the LM head runs only at `grad_positions`
     (with gradient) and `value_positions` (without). Entropies are returned at every scored position
-    when `entropy`. `positions` is the number of positions the backbone computed.
+    when `entropy`. With `aux_rows` `(S,)` (a mixture-of-experts model whose router loss trains), the
+    forward runs over the whole width and `aux_loss` is the router's load-balancing loss over every
+    token of those rows, prompt included, as TRL computes it for its rows; else None. `positions` is the
+    number of positions the backbone computed.
     """
     S, T = completion_ids.shape
     wanted = grad_positions if value_positions is None else value_positions
     if grad_positions is not None and value_positions is not None:
         wanted = grad_positions | value_positions
-    W = max(last_used_column(wanted), 1)
+    W = T if aux_rows is not None else max(last_used_column(wanted), 1)
     input_ids = torch.cat([prompt_ids, completion_ids[:, :W]], dim=1)  # (S, P+W)
     attention_mask = torch.cat([prompt_mask, completion_mask[:, :W]], dim=1)  # (S, P+W)
     positions = {
@@ -127,9 +147,11 @@ def selective_forward(
         "values": None if value_positions is None else value_positions[:, :W].bool(),
         "entropy": entropy,
     }
+    if aux_rows is not None:
+        positions["aux_mask"] = attention_mask * aux_rows.unsqueeze(1).to(attention_mask.dtype)  # (S, P+W)
     with accelerator.autocast():
-        logps, entropies = model(input_ids=input_ids, attention_mask=attention_mask, d3s_positions=positions)
+        logps, entropies, aux_loss = model(input_ids=input_ids, attention_mask=attention_mask, d3s_positions=positions)
     if W < T:  # (S, W) -> (S, T)
         logps = torch.nn.functional.pad(logps, (0, T - W))
         entropies = None if entropies is None else torch.nn.functional.pad(entropies, (0, T - W))
-    return logps, entropies, input_ids.numel()
+    return logps, entropies, aux_loss, input_ids.numel()

@@ -287,16 +287,16 @@ class D3SGRPOTrainer(GRPOTrainer):
     # -- loss (paper eqs. 1, 3, 10) -----------------------------------------------------------------
 
     def _d3s_forward(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, grad_positions,
-                     value_positions, entropy: bool = False):
+                     value_positions, entropy: bool = False, aux_rows=None):
         """The selective training forward, counting its positions (`d3s/tokens_computed`)."""
-        logps, entropies, positions = selective_forward(
+        logps, entropies, aux_loss, positions = selective_forward(
             model, self.accelerator, prompt_ids, prompt_mask, completion_ids, completion_mask,
-            grad_positions=grad_positions, value_positions=value_positions, entropy=entropy,
+            grad_positions=grad_positions, value_positions=value_positions, entropy=entropy, aux_rows=aux_rows,
         )
         step_metrics.log_tokens_computed(
             self.accelerator, self._metrics["train"], positions, self.current_gradient_accumulation_steps
         )
-        return logps, entropies
+        return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
         with self._d3s_timed("forward"):
@@ -323,10 +323,15 @@ class D3SGRPOTrainer(GRPOTrainer):
         old_per_token_logps = inputs.get("old_per_token_logps")  # (S, T) or None (on-policy)
         gspo = settings.importance_sampling_level == "sequence_token"
 
-        # A micro-batch whose gradient is exactly zero runs a 1-token forward instead (same update)
-        dead = not used.any() or (
-            self.beta == 0.0 and not self.aux_loss_enabled and bool((advantages[used.any(dim=1)] == 0).all())
-        )
+        real = inputs.get("d3s_real")  # (S,) False for the padding rows that deal kept rows out evenly
+        real = torch.ones_like(advantages, dtype=torch.bool) if real is None else real
+        # A micro-batch whose gradient is exactly zero runs a 1-token forward instead (same update). With a
+        # mixture-of-experts model's router loss, every real row trains the router: only an all-padding
+        # micro-batch has no gradient.
+        if self.aux_loss_enabled:
+            dead = not real.any()
+        else:
+            dead = not used.any() or (self.beta == 0.0 and bool((advantages[used.any(dim=1)] == 0).all()))
         if dead:
             return self._d3s_zero_loss(model, inputs)
 
@@ -337,7 +342,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         grad_positions = mask.bool() if kl_through_sequence else used
         needs_values = (gspo and old_per_token_logps is not None) or self.off_policy_mask_threshold is not None
         value_positions = mask.bool() if needs_values else None
-        logps, entropies = self._d3s_forward(
+        logps, entropies, aux_loss = self._d3s_forward(
             model,
             inputs["prompt_ids"],
             inputs["prompt_mask"],
@@ -346,6 +351,7 @@ class D3SGRPOTrainer(GRPOTrainer):
             grad_positions=grad_positions,
             value_positions=value_positions,
             entropy=True,
+            aux_rows=real if self.aux_loss_enabled else None,
         )
         # Positions that were not scored read as "no change" (ratio 1, KL 0): they never enter the loss
         scored = grad_positions if value_positions is None else grad_positions | value_positions
@@ -367,7 +373,6 @@ class D3SGRPOTrainer(GRPOTrainer):
             )  # (S, 1)
             weights = off_policy_mask if weights is None else weights * off_policy_mask
 
-        real = inputs.get("d3s_real")
         aggregation, denominator, accumulation = loss_denominator(
             self.loss_type,
             num_rows=int(inputs["d3s_num_rows"]),
@@ -375,7 +380,7 @@ class D3SGRPOTrainer(GRPOTrainer):
             num_processes=self.accelerator.num_processes,
             gradient_accumulation_steps=self.current_gradient_accumulation_steps,
             steps_per_generation=self.args.steps_per_generation,
-            rows_in_micro_batch=int(real.sum()) if real is not None else completion_mask.size(0),
+            rows_in_micro_batch=int(real.sum()),
             max_completion_length=self.max_completion_length,
         )
         loss, loss_metrics = policy_loss(
@@ -396,7 +401,11 @@ class D3SGRPOTrainer(GRPOTrainer):
             kl_importance_weighted=self.args.use_bias_correction_kl,
         )
         self._d3s_log_loss_metrics(loss_metrics, per_token_logps, old_per_token_logps, advantages, used, entropies)
-        return loss / accumulation
+        loss = loss / accumulation
+        if self.aux_loss_enabled:  # as TRL: the router loss of the micro-batch, averaged over the accumulation
+            loss = loss + self.router_aux_loss_coef * aux_loss / self.current_gradient_accumulation_steps
+            self._d3s_log_aux_loss(aux_loss)
+        return loss
 
     def _d3s_zero_loss(self, model, inputs):
         """A loss of exactly 0 whose backward reaches every parameter: a 1-token forward of the first row.
@@ -406,7 +415,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         so DDP/DeepSpeed/FSDP see an ordinary backward.
         """
         one = torch.ones(1, 1, dtype=torch.bool, device=inputs["completion_ids"].device)
-        logps, _ = self._d3s_forward(
+        logps, _, _ = self._d3s_forward(
             model,
             inputs["prompt_ids"][:1, -1:],
             torch.ones_like(inputs["prompt_mask"][:1, -1:]),
@@ -416,7 +425,16 @@ class D3SGRPOTrainer(GRPOTrainer):
             value_positions=None,
         )
         self._d3s_log_loss_metrics(None, None, None, inputs["advantages"], None, None)
+        if self.aux_loss_enabled:
+            self._d3s_log_aux_loss(None)
         return (logps * 0.0).sum()
+
+    def _d3s_log_aux_loss(self, aux_loss) -> None:
+        """TRL's `aux_loss` metric: the mean over the ranks whose micro-batch computed one (all ranks call)."""
+        value = torch.full((1,), float("nan"), device=self.accelerator.device) if aux_loss is None else aux_loss
+        gathered = self.accelerator.gather(value.detach().float().reshape(1))
+        if not torch.isnan(gathered).all():
+            self._metrics["train"]["aux_loss"].append(gathered.nanmean().item())
 
     def _d3s_log_loss_metrics(self, loss_metrics, per_token_logps, old_per_token_logps, advantages, used, entropies):
         step_metrics.log_loss_metrics(
