@@ -99,7 +99,7 @@ def make_rollout_func(max_len: int, num_generations: int, *, empty_every: int = 
 
 def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, model_fn=None, reward_funcs=length_reward,
                  rollout_func=None, max_len: int = 8, num_generations: int = 4, train_dataset=None,
-                 callbacks=(), resume_from_checkpoint=None, eval_dataset=None, setup=None, **config):
+                 callbacks=(), resume_from_checkpoint=None, eval_dataset=None, setup=None, peft_config=None, **config):
     """Build a tiny trainer, train it, return it with a `GradRecorder` of every optimizer step.
 
     Defaults: 16 rollouts per generation (4 prompts x G=4), SGD (no Adam amplification of float
@@ -146,6 +146,7 @@ def run_training(trainer_cls, config_cls, tmp_path, *, model_seed: int = 0, mode
         # rollout_func="generate": transformers generation (sampled from the tiny model itself)
         rollout_func=None if rollout_func == "generate" else rollout_func or make_rollout_func(max_len, num_generations),
         callbacks=[recorder, *callbacks],
+        **({} if peft_config is None else {"peft_config": peft_config}),
     )
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.grad_recorder = recorder
