@@ -71,19 +71,22 @@ from d3s.app.tasks import TaskData, build_task, prompt_messages
 
 class RunLog:
     """Appends one JSON object per line to `metrics.jsonl`; on resume keeps the records up to the
-    checkpoint (a cut-off last line is dropped) and rewrites the file atomically."""
+    checkpoint (a cut-off last line is dropped) and rewrites the file atomically. In a multi-process
+    run every process keeps the records in memory and only the main one (`writer`) writes the file."""
 
-    def __init__(self, path: Path, resume_step: int | None):
-        self.path = path
+    def __init__(self, path: Path, resume_step: int | None, writer: bool = True):
+        self.path, self.writer = path, writer
         self.records: list[dict] = []
         if resume_step is not None and path.is_file():
             self.records = [r for r in read_run_records(path, warn=_say) if r["step"] <= resume_step]
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in self.records))
+        if writer:
+            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in self.records))
 
     def add(self, record: dict) -> None:
         self.records.append(record)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.writer:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
 
     def last(self, kind: str) -> dict | None:
         return next((r for r in reversed(self.records) if r["type"] == kind), None)
@@ -291,7 +294,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     max_new = run.eval_max_new_tokens or config.max_completion_length
 
     resume_step = int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None
-    run_log = RunLog(out / "metrics.jsonl", resume_step)
+    run_log = RunLog(out / "metrics.jsonl", resume_step, writer=main_process)
     if main_process:
         atomic_write_text(out / "run_config.json", json.dumps({**run_config, "model_path": model_path}, indent=2,
                                                               default=str))
