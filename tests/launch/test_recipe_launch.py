@@ -1,18 +1,19 @@
-"""Every shipped paper recipe, end to end at tiny scale, under a real multi-process launcher on the CPU.
+"""Every shipped paper recipe, end to end at tiny scale, under its own launcher on the CPU.
 
 Each paper recipe runs with its own settings (loss, G = 32, the N/K schedule, `steps_per_generation` =
-`gradient_accumulation_steps` = 8, 8 rollouts per micro-batch, gradient checkpointing), under
-`accelerate launch` with 2 processes (DDP over gloo), on a tiny random model of the recipe's
-architecture family (Qwen2 or Llama) and a local math dataset instead of the hub's: two processes x 8
-rollouts x 8 micro-batches = 4 prompts x 32 rollouts per optimizer step, as 8 GPUs x 8 x 8 = 16 x 32 on
-the paper's machine. What differs from the GPU run, and why: vLLM generation (`use_vllm false`: the
-vLLM path runs in its own stage where the CPU can run vLLM), bf16 (fp32 on a CPU), completions of 12
-tokens, 3 steps, DeepSpeed ZeRO-3 (the accelerate config's launcher needs GPUs; see docs/trl.md).
+`gradient_accumulation_steps`, rollouts per micro-batch, gradient checkpointing, beta = 0) under
+`accelerate launch --config_file recipes/accelerate/zero3-8gpu.yaml` (DeepSpeed ZeRO-3, which every
+paper recipe names) with 2 processes instead of 8: DeepSpeed's CPU accelerator runs ZeRO-3 over gloo.
+The model is a tiny random one of the recipe's architecture family (Qwen2 or Llama), the data a local
+math file instead of the hub's: two processes give 4 prompts x 32 rollouts per optimizer step where the
+paper's 8 GPUs give 16 x 32 (e.g. 2 x 8 rollouts x 8 micro-batches against 8 x 8 x 8). What differs from the GPU run,
+and why: vLLM generation (`use_vllm false`: the vLLM path runs in its own stage where the CPU can run
+vLLM), bf16 (fp32 on a CPU), completions of 12 tokens, 3 steps.
 
 A run is checkpointed every step and resumed from its first checkpoint by the same command with
 `--resume true`: every metric of every step equals the uninterrupted run's.
 
-Slow (about a minute per recipe on 2 cores): `pytest -m launch`, its own CI stage.
+Slow (a minute or two per recipe on 2 cores) and needs `deepspeed`: `pytest -m launch`, CI's own stage.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("trl")
+pytest.importorskip("deepspeed")
 
-from d3s.app.recipe import RECIPES_DIR  # noqa: E402
+from d3s.app.recipe import RECIPES_DIR, load_recipe  # noqa: E402
 
 pytestmark = pytest.mark.launch
 
 PAPER = sorted(p.stem for p in RECIPES_DIR.glob("paper-*.yaml"))
+ACCELERATE_CONFIG = RECIPES_DIR / "accelerate" / "zero3-8gpu.yaml"  # the launcher every paper recipe names
 TIMING = ("wall_s", "step_time")
 
 
@@ -79,15 +82,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+DEVICE = os.environ.get("D3S_TEST_DEVICE", "cpu")  # "cuda": the same runs on the machine's GPUs, bf16 (scripts/gpu_check.sh)
+
+
+def _device_args() -> tuple[list[str], list[str]]:
+    """(launcher options, `d3s train` options) for this machine: 2 CPU processes in fp32, or every GPU in bf16."""
+    if DEVICE == "cuda":
+        import torch
+
+        gpus = str(max(torch.cuda.device_count(), 1))
+        vllm = os.environ.get("D3S_LAUNCH_VLLM", "false")  # "true": the recipes' colocated vLLM generation too
+        return (["--num_processes", gpus, "--mixed_precision", "bf16"],
+                ["--precision", "bf16", "--use_vllm", vllm, "--bf16", "true", "--use_cpu", "false"])
+    return (["--num_processes", "2", "--mixed_precision", "no"],
+            ["--precision", "fp32", "--use_vllm", "false", "--bf16", "false", "--use_cpu", "true"])
+
+
 def _launch(recipe: str, model: Path, dataset: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "D3S_CACHE": str(out.parent / "cache")}
-    # `accelerate launch --cpu` starts one process; `--multi_gpu` starts several and falls back to gloo on a CPU
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+    launcher, device = _device_args()
+    # The recipe's own launcher config (DeepSpeed ZeRO-3, 8 GPUs, bf16) with 2 processes and fp32: DeepSpeed's CPU
+    # accelerator runs it over gloo
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG), *launcher,
            "--main_process_port", str(_free_port()), "-m", "d3s.cli", "train", "--config", recipe,
            "--model", str(model), "--dataset", str(dataset), "--heldout_size", "8", "--eval_every", "0",
-           "--eval_max_new_tokens", "12", "--eval_batch_size", "8", "--precision", "fp32",
-           "--use_vllm", "false", "--bf16", "false", "--use_cpu", "true", "--max_steps", "3",
+           "--eval_max_new_tokens", "12", "--eval_batch_size", "8", *device, "--max_steps", "3",
            "--max_completion_length", "12", "--save_steps", "1", "--report_to", "none", "--plots", "false",
            "--output_dir", str(out), *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -105,10 +124,11 @@ def test_paper_recipe_runs_under_its_launcher_and_resumes_exactly(recipe, tiny_m
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     config = json.loads((out / "run_config.json").read_text())
     settings = config["trainer"]
-    for key, value in {"num_generations": 32, "loss_type": "dapo", "gradient_checkpointing": True,
-                       "per_device_train_batch_size": 8, "gradient_accumulation_steps": 8,
-                       "steps_per_generation": 8, "variant": "d3s"}.items():
-        assert settings[key] == value, key
+    values = load_recipe(recipe)
+    for key in ("num_generations", "loss_type", "gradient_checkpointing", "per_device_train_batch_size",
+                "gradient_accumulation_steps", "steps_per_generation", "variant", "beta", "learning_rate"):
+        assert settings[key] == values[key], key  # the recipe's own settings ran
+    assert settings["num_generations"] == 32 and settings["variant"] == "d3s"
     full = _records(out)
     assert [(r["type"], r["step"]) for r in full] == [("eval", 0), ("train", 1), ("train", 2), ("train", 3),
                                                       ("eval", 3)]  # one record each: the main process writes

@@ -298,7 +298,12 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     if main_process:
         atomic_write_text(out / "run_config.json", json.dumps({**run_config, "model_path": model_path}, indent=2,
                                                               default=str))
-    evaluate = lambda: heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size)  # noqa: E731
+    trainer = None
+
+    def evaluate() -> dict:
+        with _whole_weights(trainer):
+            return heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size)
+
     callback = _make_callback(run_log, evaluate, run.eval_every)
     trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)
     steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
@@ -307,7 +312,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
          f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
 
     if resume_step is None:
-        before = _base_model_score(model_path, task, max_new, evaluate, run_log)
+        before = _base_model_score(model_path, task, max_new, evaluate, run_log, trainer.accelerator)
         callback.last_acc = before["accuracy"]
     else:
         before = next((r for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
@@ -379,11 +384,33 @@ def _make_trainer(model, tokenizer, task: TaskData, dataset, config, callback):
     return trainer
 
 
-def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, run_log: RunLog) -> dict:
-    """The held-out score of the base model (cached: the same for every variant and seed), recorded at step 0."""
+def _whole_weights(trainer):
+    """Where DeepSpeed ZeRO-3 shards the weights, a context in which every process holds them whole, for the
+    held-out generation (every process enters it: gathering is collective); elsewhere nothing."""
+    import contextlib
+
+    if trainer is None or not trainer.is_deepspeed_enabled or trainer.accelerator.state.deepspeed_plugin.zero_stage != 3:
+        return contextlib.nullcontext()
+    if trainer.model_wrapped is not trainer.model:  # the DeepSpeed engine exists: TRL's way, hooks off
+        from trl.models.utils import unwrap_model_for_generation
+
+        return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                           gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(trainer.model.parameters()))
+
+
+def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, run_log: RunLog, accelerator) -> dict:
+    """The held-out score of the base model (cached: the same for every variant and seed), recorded at step 0.
+
+    Every process sees the cache as it was before any of them wrote it, so all evaluate or none does."""
     key = _model_key(model_path, task.key, max_new)
     cached = cache_dir() / "evals" / f"{key}.json"
-    if cached.is_file():
+    accelerator.wait_for_everyone()
+    found = cached.is_file()
+    accelerator.wait_for_everyone()
+    if found:
         before = json.loads(cached.read_text())
     else:
         _say(f"held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...")

@@ -37,19 +37,26 @@ class KLMonitor:
         return self.active(beta) and generation_index % self.every == 0
 
     def keep_initial_weights(self, trainer) -> None:
-        """Copy the starting weights, once (before a checkpoint is loaded, so a resumed run keeps them too)."""
-        if not self.active(trainer.beta) or self.initial_model is not None:
+        """Copy the starting weights, once (before a checkpoint is loaded, so a resumed run keeps them too).
+
+        Under DeepSpeed/FSDP the copy would not be sharded: the metric is off there unless the user asked
+        for it (then refused); one line says so.
+        """
+        if trainer.beta != 0.0 or self.initial_model is not None:
+            return
+        sharded = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled
+        if sharded and getattr(trainer.args, "_d3s_kl_default", False):
+            self.every = 0
+            if trainer.accelerator.is_main_process:
+                print("d3s: the KL metric at beta=0 is off under DeepSpeed/FSDP (kl_log_every=0): the frozen "
+                      "copy of the initial weights it needs is not sharded", file=sys.stderr, flush=True)
+            return
+        if not self.active(trainer.beta):
             return
         model = trainer.accelerator.unwrap_model(trainer.model)
         if is_peft_model(model):
             return  # the initial policy is the model with its adapters switched off
-        if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
-            if getattr(trainer.args, "_d3s_kl_default", False):
-                self.every = 0
-                if trainer.accelerator.is_main_process:
-                    print("d3s: the KL metric at beta=0 is off under DeepSpeed/FSDP (kl_log_every=0): the frozen "
-                          "copy of the initial weights it needs is not sharded", file=sys.stderr, flush=True)
-                return
+        if sharded:
             raise ValueError(
                 f"kl_log_every={self.every} at beta=0 keeps a frozen copy of the model, which is not supported under "
                 "DeepSpeed/FSDP; set kl_log_every=0 (the default there), or beta > 0 (the KL to the reference is "
