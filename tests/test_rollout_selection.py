@@ -163,12 +163,16 @@ def test_intra_keeps_the_same_subset_as_pods_on_rewards():
     torch.testing.assert_close(pods.advantages, ref.view(-1))
 
 
-def test_intra_is_rowwise_brute_force():
-    g = torch.Generator().manual_seed(4)
-    B, G, N = 5, 7, 3
-    rewards = torch.randn(B * G, generator=g)
+def _selected(seed: int, B: int, G: int, N: int, mode: str, draw=torch.randn):
+    """Rewards drawn with `draw`, their group advantages and the selection `mode` makes of them."""
+    rewards = draw(B * G, generator=torch.Generator().manual_seed(seed))
     adv = d3s.group_advantages(rewards, G)
-    sel = d3s.select_rollouts(adv, rewards, G, N, "intra")
+    return adv, d3s.select_rollouts(adv, rewards, G, N, mode)
+
+
+def test_intra_is_rowwise_brute_force():
+    B, G, N = 5, 7, 3
+    adv, sel = _selected(4, B, G, N, "intra")
     for b in range(B):
         kept = [i - b * G for i in sel.indices.tolist() if b * G <= i < (b + 1) * G]
         assert len(kept) == N
@@ -177,11 +181,8 @@ def test_intra_is_rowwise_brute_force():
 
 
 def test_cross_is_one_global_choice():
-    g = torch.Generator().manual_seed(5)
     B, G, N = 3, 4, 2
-    rewards = torch.rand(B * G, generator=g)
-    adv = d3s.group_advantages(rewards, G)
-    sel = d3s.select_rollouts(adv, rewards, G, N, "cross")
+    adv, sel = _selected(5, B, G, N, "cross", draw=torch.rand)
     assert len(sel.indices) == N * B
     assert pop_var(sel.advantages.tolist()) == pytest.approx(brute_force_max_var(adv.tolist(), N * B), rel=1e-9)
     assert sel.kept_per_group.sum().item() == N * B
