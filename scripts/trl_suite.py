@@ -18,8 +18,11 @@ Usage:
         [--modes trl,off,d3s] [-k EXPR] [--timeout 1800] [--test-timeout 300] [--max-steps N]
         [--vocab compact|real] [--threads 1] [--parallel] [--output DIR] [--keep]
 
-Prints a table of the tests whose outcome in `off` or `d3s` differs from `trl`, and writes
-results.json and results.md to --output.
+Prints a table of the tests whose outcome in `off` or `d3s` differs from `trl`, each classified: in `off` a
+defect (D3S off must equal TRL); in `d3s` a refusal (ValueError/NotImplementedError naming D3S, an option
+D3S does not support while down-sampling) or "check" (anything else). Tests failing in `trl` too but with
+another first error line are listed apart. Writes results.json and results.md to --output. Exit status 1
+when a defect or a "check" is found, 0 otherwise (refusals alone), 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -195,6 +198,30 @@ def run_mode(mode: str, work: Path, pkg: Path, files: list[Path], args, cache: P
             "timed_out": timed_out, "counts": dict(sorted(counts.items()))}
 
 
+def normalized(message: str) -> str:
+    """An error line with D3S's class names read as TRL's (`'D3SGRPOTrainer' object has no attribute` is the same
+    failure as TRL's)."""
+    return message.replace("D3SGRPOTrainer", "GRPOTrainer").replace("D3SConfig", "GRPOConfig")
+
+
+def classify(row: dict, modes: list[str]) -> str:
+    """What a row's differences from trl are: in `off` always a defect (D3S off must equal TRL); in `d3s` a refusal
+    when D3S raised ValueError/NotImplementedError naming D3S (the documented refusals of options D3S does not
+    support while down-sampling), otherwise something to look at."""
+    kinds = []
+    for m in modes:
+        if m == "trl" or (row[m] == row["trl"] and normalized(row[f"{m}_message"]) == normalized(row["trl_message"])):
+            continue
+        message = row[f"{m}_message"]
+        if m == "off":
+            kinds.append("off: defect (D3S off must equal TRL)")
+        elif message.startswith(("ValueError:", "NotImplementedError:")) and "D3S" in message:
+            kinds.append("d3s: refusal")
+        else:
+            kinds.append("d3s: check (not a D3S refusal)")
+    return "; ".join(kinds)
+
+
 def differences(results: dict, modes: list[str]) -> tuple[list[dict], list[dict]]:
     """Tests whose outcome differs from mode trl, and tests failing in trl and another mode with other errors."""
     if "trl" not in results:
@@ -211,29 +238,31 @@ def differences(results: dict, modes: list[str]) -> tuple[list[dict], list[dict]
         if any(row[m] == NOT_RUN for m in modes):
             continue  # a mode stopped (--timeout) before this test: not compared, counted as "not run"
         if any(row[m] != row["trl"] for m in others):
-            diff.append(row)
+            diff.append(dict(row, classification=classify(row, modes)))
         elif row["trl"] in ("failed", "error") and any(
-                row[f"{m}_message"] != row["trl_message"] for m in others):
-            other_error.append(row)
+                normalized(row[f"{m}_message"]) != normalized(row["trl_message"]) for m in others):
+            other_error.append(dict(row, classification=classify(row, modes)))
     return diff, other_error
 
 
 def first_error(row: dict, modes: list[str]) -> str:
     """The first line of the error of the first non-trl mode that differs (or of trl when it failed alone)."""
     for m in modes:
-        if m != "trl" and row[m] != row["trl"] and row[m] in ("failed", "error", NOT_RUN) and row[f"{m}_message"]:
+        if m != "trl" and row[m] in ("failed", "error") and row[f"{m}_message"] and (
+                row[m] != row["trl"] or normalized(row[f"{m}_message"]) != normalized(row["trl_message"])):
             return f"{m}: {row[f'{m}_message']}"
     return f"trl: {row['trl_message']}" if row["trl_message"] else ""
 
 
 def table(rows: list[dict], modes: list[str], width: int | None = 160) -> list[str]:
-    head = ["test", *modes, "first error line"]
+    head = ["test", *modes, "classification", "first error line"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         msg = first_error(row, modes).replace("|", "\\|")
         if width:
             msg = msg[:width]
-        lines.append("| " + " | ".join([f"`{row['test']}`", *(row[m] for m in modes), msg]) + " |")
+        lines.append("| " + " | ".join([f"`{row['test']}`", *(row[m] for m in modes), row.get("classification", ""),
+                                        msg]) + " |")
     return lines
 
 
@@ -264,7 +293,7 @@ def write_outputs(output: Path, summary: dict, diff: list[dict], other_error: li
     (output / "results.json").write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     md = ["# TRL GRPOTrainer tests against D3SGRPOTrainer", ""]
     md += [f"- command: `{summary['command']}`", f"- tests: {json.dumps(summary['source'])}",
-           f"- versions: {json.dumps(summary['versions'])}", ""]
+           f"- options: {json.dumps(summary['options'])}", f"- versions: {json.dumps(summary['versions'])}", ""]
     md += ["| mode | " + " | ".join(["passed", "failed", "error", "skipped", "xfailed", "xpassed", NOT_RUN,
                                       "wall s"]) + " |", "|" + "---|" * 9]
     for m in modes:
@@ -343,6 +372,8 @@ def main(argv=None) -> int:
         else:
             print(f"{len(diff)} tests whose outcome differs from trl:")
             print("\n".join(table(diff, modes)))
+            kinds = Counter(k.strip() for row in diff for k in row["classification"].split(";") if k.strip())
+            print("classification: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())))
         if other_error:
             print(f"\n{len(other_error)} tests failing in trl and another mode with another first error line:")
             print("\n".join(table(other_error, modes)))
@@ -355,7 +386,8 @@ def main(argv=None) -> int:
         _kill_running()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    return 1 if diff else 0
+    # exit 1 on a defect of D3S off or a d3s difference that is not a refusal; refusals alone exit 0
+    return 1 if any("defect" in row["classification"] or "check" in row["classification"] for row in diff) else 0
 
 
 if __name__ == "__main__":
