@@ -325,7 +325,12 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=None, help="folder for results.json and results.md")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, reports)")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # runs the clean-up of run_mode
+
+    def terminate(signum, frame):
+        _kill_running()  # the pytest process groups first: worker threads wait on them
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -357,8 +362,12 @@ def main(argv=None) -> int:
             build_standins(cache)
             with ThreadPoolExecutor(len(modes)) as pool:
                 futures = {m: pool.submit(run_mode, m, work, pkg, files, args, cache) for m in modes}
-                for m in modes:
-                    summary["modes"][m] = futures[m].result()
+                try:
+                    for m in modes:
+                        summary["modes"][m] = futures[m].result()
+                except BaseException:  # Ctrl-C: end the pytest runs so the worker threads return
+                    _kill_running()
+                    raise
         else:
             for mode in modes:
                 summary["modes"][mode] = run_mode(mode, work, pkg, files, args, cache)

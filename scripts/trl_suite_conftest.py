@@ -26,7 +26,8 @@ Offline stand-ins (nothing is fetched; HF_HUB_OFFLINE=1):
   tokens) is about ten times faster on CPU and only those tests see other token ids.
   Every other hub id fails to load, in every mode alike.
 - datasets: `load_dataset("trl-internal-testing/zen", <config>)` for the prompt-only configs is
-  built in code from the Zen of Python (19 rows, train 17 / test 2, as TRL's dataset), with
+  built in code from the Zen of Python (19 rows, train 17 / test 2; the standard prompts are the
+  leading words of each aphorism, as in TRL's dataset; the conversational ones are our own), with
   `split=` and `streaming=` honoured. Other datasets go to the real `load_dataset` (offline).
 """
 
@@ -223,12 +224,17 @@ def _zen_lines() -> list[str]:
     return [line for line in text.splitlines()[2:] if line.strip()]  # the 19 aphorisms
 
 
+# Leading words of each aphorism that TRL's zen prompt-only rows keep ("Beautiful is better than", "Explicit is",
+# ...): a test compares the prompts of the first generation batches with these.
+ZEN_PROMPT_WORDS = (4, 2, 3, 1, 4, 3, 1, 4, 3, 3, 2, 6, 6, 11, 2, 4, 7, 5, 5)
+
+
 def zen_dataset(config_name: str):
     """TRL's `trl-internal-testing/zen` prompt-only configs, rebuilt: 19 rows, train 17 / test 2."""
     from datasets import Dataset
 
     lines = _zen_lines()
-    prompts = [" ".join(line.split()[: max(1, len(line.split()) // 2)]) for line in lines]
+    prompts = [" ".join(line.split()[:n]) for line, n in zip(lines, ZEN_PROMPT_WORDS, strict=True)]
     if config_name == "standard_prompt_only":
         data = {"prompt": prompts}
     elif config_name == "conversational_prompt_only":
