@@ -103,7 +103,7 @@ def full_run(tmp_path_factory, cache) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 KILLING_TRAIN = """
-import os, signal, sys
+import functools, os, signal, sys
 from transformers import Trainer
 from d3s import cli
 from d3s.app import run_trainer, train
@@ -117,6 +117,7 @@ if point == "step":  # during this process's at-th training step (its reward cal
     def build_dying(*args, **kwargs):
         task = build(*args, **kwargs)
         reward = task.reward
+        @functools.wraps(reward)  # its name is in the records
         def dying_reward(*a, **kw):
             calls[0] += 1
             if calls[0] == at:
@@ -132,14 +133,18 @@ elif point == "eval":  # inside the held-out evaluation of step `at` (the last s
             die()
         return run_eval(self, step)
     run_trainer.RunCallback.run_eval = dying_eval
-elif point in ("save_model", "save_optimizer", "save_rng"):  # while checkpoint-`at` is being written
+elif point in ("save_model", "save_optimizer", "save_rng"):  # while checkpoint-`at` is being written:
+    # after its weights, before its optimizer and scheduler, before its RNG states
     name = {"save_model": "save_model", "save_optimizer": "_save_optimizer_and_scheduler",
             "save_rng": "_save_rng_state"}[point]
     save = getattr(Trainer, name)
     def dying_save(self, *args, **kwargs):
+        if self.state.global_step == at and point != "save_model":
+            die()
+        done = save(self, *args, **kwargs)
         if self.state.global_step == at:
             die()
-        return save(self, *args, **kwargs)
+        return done
     setattr(Trainer, name, dying_save)
 elif point == "publish":  # checkpoint-`at` written in full in .staging, not yet renamed into place
     publish = run_trainer.publish_folder

@@ -10,8 +10,10 @@ What a run guarantees about its folder (docs/reliability.md says how each is tes
 - its records are replaced atomically (`atomic_write_text`: a temporary file, fsync, rename).
 - a checkpoint is written into `.staging/checkpoint-N` and renamed into place once complete, so a
   kill during a save leaves no half `checkpoint-N` (see `d3s.app.run_trainer`), and `complete_checkpoints`
-  checks every file a resume needs before it is used, newest first.
-- a resume refuses a recipe that changes training (`training_changes`).
+  checks every file a resume needs before it is used, newest first. A checkpoint that passes these checks
+  and still fails to load (`UnloadableCheckpoint`) is incomplete too: the run continues from the one before.
+- a resume refuses a recipe that changes training (`training_changes`), also of a finished run; a run is
+  finished when its `summary.json` is valid (`read_summary`).
 """
 
 from __future__ import annotations

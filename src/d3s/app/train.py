@@ -16,7 +16,9 @@ The run is `D3SGRPOTrainer` (d3s.integrations.trl) plus what a person running it
   states of that step's end, not those of the half-finished next one) and says in one line what is
   saved; `--resume true` continues from the newest complete checkpoint — TRL restores the step,
   optimizer and RNG states, and the D3S schedule is a function of the step, so it continues
-  exactly. A resume refuses a recipe that changes training, and a finished run stays finished;
+  exactly. A checkpoint that fails to load is skipped like an incomplete one. A resume refuses a
+  recipe that changes training, and a finished run stays finished (one whose `summary.json` is
+  damaged runs its final evaluation again);
 - `summary.json` (written last: it marks the run finished) and PNG plots at the end (`d3s.app.plots`).
 
 Wall-clock in the records counts training (generation included) and leaves out the held-out
