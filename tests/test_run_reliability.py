@@ -78,6 +78,16 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in repo.rglob("*")} == mtimes
 
 
+def test_a_folder_with_another_program_s_run_config_is_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "run_config.json").write_text('{"lr": 0.1}\n')  # not a d3s run's: no run and trainer settings
+    assert train(out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not empty (1 entry: run_config.json) and holds no d3s run" in err[0], err
+    assert snapshot(out) == {"run_config.json": b'{"lr": 0.1}\n'}
+
+
 @pytest.mark.parametrize("make", ["file", "under_a_file"])
 def test_an_output_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, make):
     blocker = tmp_path / "plain.txt"
@@ -184,25 +194,27 @@ STOPS = {
     pytest.param("exception", marks=pytest.mark.slow),
     pytest.param("step_end", marks=pytest.mark.slow),
     pytest.param("in_eval", marks=pytest.mark.slow),
+    "in_final_eval",
 ])
 def test_stop_during_a_step_then_resume_is_exact(full_run, tmp_path, monkeypatch, capsys, how):
     stop, code, message = STOPS.get(how, (None, 130, "interrupted after step 3"))
     cut = tmp_path / "cut"
+    last = {"in_eval": 2, "in_final_eval": 4}.get(how, 3)
     with monkeypatch.context() as mp:
         if how == "step_end":
             stopping_at_step_end(mp, 3)
-        elif how == "in_eval":  # step 3 is not an evaluation step: the cut is at the one of step 2
-            message = "interrupted after step 2"
-            stopping_in_eval(mp, 2)
+        elif how in ("in_eval", "in_final_eval"):  # step 3 is not an evaluation step: the cut is at step 2 or 4
+            message = f"interrupted after step {last}"
+            stopping_in_eval(mp, last)
         else:
             stopping_at(mp, 4, stop)  # during step 4; step 3 is not a regular checkpoint (save_steps 2)
         assert train(cut) == code
     err = capsys.readouterr().err.strip().splitlines()
-    last = 2 if how == "in_eval" else 3
     assert err[-1] == (f"d3s train: {message}; checkpoint-{last} holds step {last}; to continue, run the same "
                        "command plus --resume true"), err[-1]
     assert not any("rerun the same command" in line for line in err)  # one message, not two that disagree
-    assert [p.name for p in complete_checkpoints(cut)[0]] == [f"checkpoint-{s}" for s in range(last, 1, -1)]
+    saved = [4, 2] if how == "in_final_eval" else range(last, 1, -1)  # the stop's own checkpoint, the regular ones
+    assert [p.name for p in complete_checkpoints(cut)[0]] == [f"checkpoint-{s}" for s in saved]
     assert train(cut, "--resume", "true") == 0
     assert f"resuming from checkpoint-{last}" in capsys.readouterr().err
     assert_same_run(cut, full_run)
@@ -455,6 +467,23 @@ def test_a_run_with_no_loadable_checkpoint_starts_over_and_says_so(full_run, tmp
     assert "skipping checkpoint-2: rng_state.pth cannot be loaded (UnpicklingError" in err, err
     assert f"no loadable checkpoint in {out}; starting from the beginning" in err
     assert not (tmp_path / "executed").exists()
+    assert_same_run(out, full_run)
+
+
+@pytest.mark.parametrize("loss", ["deleted", "after_step_1"])
+def test_a_checkpoint_whose_records_are_lost_is_skipped(full_run, tmp_path, capsys, loss):
+    """A checkpoint without its step's record in metrics.jsonl cannot continue the cumulative counts
+    (tokens, wall-clock): the run goes back to a checkpoint whose records it has, here the beginning."""
+    out = cut_at_step_4(full_run, tmp_path / "run")
+    metrics = out / "metrics.jsonl"
+    if loss == "deleted":
+        metrics.unlink()
+    else:
+        metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))  # eval 0, train 1
+    assert train(out, "--resume", "true") == 0
+    err = capsys.readouterr().err
+    assert "skipping checkpoint-2: metrics.jsonl has no record of step 2" in err, err
+    assert f"no complete checkpoint in {out}; starting from the beginning" in err
     assert_same_run(out, full_run)
 
 

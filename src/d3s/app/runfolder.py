@@ -3,7 +3,7 @@
 What a run guarantees about its folder (docs/reliability.md says how each is tested):
 
 - it owns it: a run writes only into a new or empty folder, or into a folder that holds a d3s run
-  (a `.d3s-run.lock` or `run_config.json` in it). Any other non-empty folder is refused before a
+  (a `.d3s-run.lock` or a d3s `run_config.json` in it). Any other non-empty folder is refused before a
   file in it is touched. While the run lives it holds an exclusive `flock` on `.d3s-run.lock`, so
   a second run into the same folder is refused; the OS drops the lock when the process dies, so a
   crashed or killed run never leaves it stuck.
@@ -48,8 +48,15 @@ class RunFolderError(RecipeError):
 
 
 def is_run_folder(path: Path) -> bool:
-    """Whether `path` holds a d3s run (its lock file, or the `run_config.json` every run writes first)."""
-    return (path / LOCK_NAME).is_file() or (path / "run_config.json").is_file()
+    """Whether `path` holds a d3s run: its lock file, or the `run_config.json` every run writes first (a JSON
+    object with the run's and the trainer's settings; a file of another program by that name is not one)."""
+    if (path / LOCK_NAME).is_file():
+        return True
+    try:
+        saved = json.loads((path / "run_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"run", "trainer"} <= set(saved)
 
 
 class RunLock:
@@ -78,7 +85,8 @@ def claim_folder(out: Path) -> RunLock:
         if entries and not is_run_folder(out):
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
             raise RunFolderError(
-                f"output_dir {str(out)!r} is not empty ({len(entries)} entries: {shown}) and holds no d3s run; "
+                f"output_dir {str(out)!r} is not empty ({len(entries)} entr{'y' if len(entries) == 1 else 'ies'}: "
+                f"{shown}) and holds no d3s run; "
                 "d3s train writes only into a new or empty folder or its own run's: pick another --output_dir"
             )
     try:

@@ -56,6 +56,7 @@ from d3s.app.runfolder import (
     RunFolderError,
     UnloadableCheckpoint,
     atomic_write_text,
+    checkpoint_step,
     claim_folder,
     code_version,
     complete_checkpoints,
@@ -244,7 +245,7 @@ def _resume_point(run: RunArgs, config, out: Path, main_process: bool, run_confi
     summary_file = out / "summary.json"
     summary, damaged = read_summary(out)
     final_step = config.max_steps if config.max_steps > 0 else None
-    good, bad = complete_checkpoints(out, final_step, unloadable)
+    good, bad = complete_checkpoints(out, final_step, {**_unrecorded(out), **unloadable})
     if not run.resume:
         if summary_file.is_file() or good or bad:
             state = "a finished run" if summary_file.is_file() else "a run with checkpoints"
@@ -252,15 +253,14 @@ def _resume_point(run: RunArgs, config, out: Path, main_process: bool, run_confi
                                  "or pick another --output_dir")
         return None, None
     if summary is not None:
-        what = f"a finished run ({summary.get('steps')} steps)"
         try:
             changed, _ = _training_changes(out, run_config)
         except RunFolderError:  # its recipe cannot be read: nothing to compare, and nothing is done
             changed = []
         if changed:
-            raise RunFolderError(f"output_dir {str(out)!r} holds {what}; --resume true with a recipe that changes "
-                                 f"training ({'; '.join(changed)}): a finished run is not continued or changed; "
-                                 "start a new run in another --output_dir")
+            raise RunFolderError(f"output_dir {str(out)!r} holds a finished run ({summary.get('steps')} steps); "
+                                 f"--resume true with a recipe that changes training ({'; '.join(changed)}): a "
+                                 "finished run is not continued or changed; start a new run in another --output_dir")
         _say(f"{out} is a finished run ({summary.get('steps')} steps, summary.json); nothing to do")
         return None, summary
     if damaged:
@@ -278,6 +278,15 @@ def _resume_point(run: RunArgs, config, out: Path, main_process: bool, run_confi
         return good[0], None
     notes.append(f"no {'loadable' if unloadable else 'complete'} checkpoint in {out}; starting from the beginning")
     return None, None
+
+
+def _unrecorded(out: Path) -> dict[str, str]:
+    """The checkpoints whose step has no record in `metrics.jsonl` (lost or deleted), with why: the run's
+    cumulative counts cannot continue from them, so they are incomplete."""
+    path = out / "metrics.jsonl"
+    recorded = {r["step"] for r in read_run_records(path) if r["type"] == "train"} if path.is_file() else set()
+    return {p.name: f"{path.name} has no record of step {checkpoint_step(p)}" for p in out.glob("checkpoint-*")
+            if checkpoint_step(p) is not None and checkpoint_step(p) not in recorded}
 
 
 def _training_changes(out: Path, now: dict) -> tuple[list[str], list[str]]:
@@ -357,13 +366,9 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     else:
         before = next((eval_result(r) for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
     _train(trainer, callback, run_log, out, run, config, checkpoint, resume_step, unloadable)
-
-    step = trainer.state.global_step
-    if step not in (resume_step, trainer.d3s_saved_step):  # (a checkpoint-N there may be unloadable)
-        trainer._save_checkpoint(trainer.model, trial=None)
-    run_log.drop("eval", step)  # a final evaluation whose summary.json was lost: it runs again
-    after = callback.run_eval(step)
-    summary = _summary(run, config, step, task, before, after, run_log, started, run_config["code_version"])
+    after = _final_evaluation(trainer, callback, run_log, out, run, resume_step, unloadable)
+    summary = _summary(run, config, trainer.state.global_step, task, before, after, run_log, started,
+                       run_config["code_version"])
     _finish(run, config, out, summary, main_process)
     return summary
 
@@ -461,6 +466,21 @@ def _train(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, config, 
             callback.bar.close()
         raise
     except BaseException as err:  # Ctrl-C, SIGTERM, a crash: keep the last finished step, then stop
+        raise _stop(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
+
+
+def _final_evaluation(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, resume_step: int | None,
+                      unloadable: dict[str, str]) -> dict:
+    """Save the last step (unless this run resumed from it or saved it), then evaluate it; a stop (Ctrl-C,
+    SIGTERM, an exception) says in one line what is saved and raises `RunStopped`, as during training."""
+    step = trainer.state.global_step
+    try:
+        with _StopSignals():
+            if step not in (resume_step, trainer.d3s_saved_step):  # (a checkpoint-N there may be unloadable)
+                trainer._save_checkpoint(trainer.model, trial=None)
+            run_log.drop("eval", step)  # a final evaluation whose summary.json was lost: it runs again
+            return callback.run_eval(step)
+    except BaseException as err:
         raise _stop(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
 
 
