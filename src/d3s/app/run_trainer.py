@@ -114,9 +114,16 @@ def _file_in(err: BaseException, checkpoint: str, method: str) -> str | None:
         tb = tb.tb_next
     below = max((i for i, frame in enumerate(frames) if frame.f_code.co_name == method), default=-1) + 1
     folder = os.path.realpath(checkpoint)
+
+    def in_folder(value) -> bool:
+        try:
+            return os.path.dirname(os.path.realpath(value)) == folder
+        except (TypeError, ValueError):  # not a path (a NUL byte in a string, a PathLike of bytes)
+            return False
+
     for frame in reversed(frames[below:]):
         for name, value in frame.f_locals.items():
-            if isinstance(value, (str, os.PathLike)) and os.path.dirname(os.path.realpath(value)) == folder:
+            if isinstance(value, (str, os.PathLike)) and in_folder(value):
                 return os.path.basename(value)
             if name == "self":
                 found = next((file for kind, file in STATE_FILES if isinstance(value, kind)), None)
@@ -191,7 +198,8 @@ class RunTrainer(D3SGRPOTrainer):
             raise UnloadableCheckpoint(Path(checkpoint), f"{name} cannot be loaded ({_short(err)})") from err
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        with self._d3s_loading("_load_from_checkpoint", resume_from_checkpoint, _weights_file(resume_from_checkpoint)):
+        weights = _weights_file(resume_from_checkpoint)
+        with self._d3s_loading("_load_from_checkpoint", resume_from_checkpoint, weights):
             super()._load_from_checkpoint(resume_from_checkpoint, model=model)
 
     def _load_optimizer_and_scheduler(self, checkpoint):

@@ -454,9 +454,9 @@ def _train(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, config, 
     """Train to the end, from `checkpoint` if any; a stop keeps the last finished step and raises `RunStopped`."""
     if resume_step is not None and 0 < config.max_steps <= resume_step:
         # Every step was trained and saved; the run stopped before its final evaluation (or lost its summary).
-        _say("every step is trained: running the final evaluation")
         trainer._load_from_checkpoint(str(checkpoint))
         trainer.state.global_step = resume_step
+        _say("every step is trained: running the final evaluation")
         return
     try:
         with _StopSignals():
