@@ -20,73 +20,20 @@ import pytest
 
 pytest.importorskip("trl")
 
-from d3s import cli  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
 from d3s.app import train as train_mod  # noqa: E402
 from d3s.app.errors import RecipeError  # noqa: E402
-from d3s.app.runfolder import LOCK_NAME, RunFolderError, claim_folder, complete_checkpoints, prune_checkpoints  # noqa: E402,E501
-
-TIMING_KEYS = ("wall_s", "step_time")  # with d3s/time/*, the only fields allowed to differ between two runs
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("d3s-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("D3S_CACHE", str(path))
-        yield path
-
-
-@pytest.fixture(autouse=True)
-def _use_cache(cache, monkeypatch):
-    monkeypatch.setenv("D3S_CACHE", str(cache))
-
-
-@pytest.fixture(autouse=True)
-def _sigint_raises():
-    """SIGINT raises KeyboardInterrupt, as at a terminal, also when the suite runs as a background job of a
-    non-interactive shell (which starts it with SIGINT ignored, so a simulated Ctrl-C would do nothing)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
-def train(out: Path, *extra: str) -> int:
-    return cli.main(["train", "--config", "smoke", "--output_dir", str(out), *extra])
-
-
-def records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def comparable(out: Path) -> dict[tuple[str, int], dict]:
-    return {(r["type"], r["step"]): {k: v for k, v in r.items()
-                                         if k not in TIMING_KEYS and not k.startswith("d3s/time/")} for r in records(out)}
-
-
-def assert_same_run(out: Path, reference: Path) -> None:
-    """Every record of `out` equals the reference's, every metric exactly (timings aside)."""
-    got, want = comparable(out), comparable(reference)
-    assert sorted(got) == sorted(want)
-    diffs = {key: {k: (got[key].get(k), want[key].get(k)) for k in set(got[key]) | set(want[key])
-                   if got[key].get(k) != want[key].get(k)} for key in want}
-    assert not any(diffs.values()), {k: v for k, v in diffs.items() if v}
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory, cache) -> Path:
-    """One uninterrupted smoke run: the reference for every resumed one."""
-    out = tmp_path_factory.mktemp("full") / "run"
-    assert train(out) == 0
-    return out
-
-
-def copy_run(full_run: Path, dest: Path) -> Path:
-    shutil.copytree(full_run, dest, ignore=shutil.ignore_patterns(LOCK_NAME))
-    return dest
+from d3s.app.runfolder import (  # noqa: E402
+    LOCK_NAME,
+    RunFolderError,
+    claim_folder,
+    complete_checkpoints,
+    prune_checkpoints,
+)
+from run_helpers import _sigint_raises, _use_cache, cache, full_run  # noqa: E402,F401  (fixtures)
+from run_helpers import assert_same_run, copy_run, snapshot, train  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,6 +76,16 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, capsys):
     assert len(err) == 1 and "is not empty (2 entries: README.md, src) and holds no d3s run" in err[0], err
     assert snapshot(repo) == before and sorted(p.name for p in repo.iterdir()) == ["README.md", "src"]
     assert {p: p.stat().st_mtime_ns for p in repo.rglob("*")} == mtimes
+
+
+def test_a_folder_with_another_program_s_run_config_is_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "run_config.json").write_text('{"lr": 0.1}\n')  # not a d3s run's: no run and trainer settings
+    assert train(out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not empty (1 entry: run_config.json) and holds no d3s run" in err[0], err
+    assert snapshot(out) == {"run_config.json": b'{"lr": 0.1}\n'}
 
 
 @pytest.mark.parametrize("make", ["file", "under_a_file"])
@@ -237,25 +194,27 @@ STOPS = {
     pytest.param("exception", marks=pytest.mark.slow),
     pytest.param("step_end", marks=pytest.mark.slow),
     pytest.param("in_eval", marks=pytest.mark.slow),
+    "in_final_eval",
 ])
 def test_stop_during_a_step_then_resume_is_exact(full_run, tmp_path, monkeypatch, capsys, how):
     stop, code, message = STOPS.get(how, (None, 130, "interrupted after step 3"))
     cut = tmp_path / "cut"
+    last = {"in_eval": 2, "in_final_eval": 4}.get(how, 3)
     with monkeypatch.context() as mp:
         if how == "step_end":
             stopping_at_step_end(mp, 3)
-        elif how == "in_eval":  # step 3 is not an evaluation step: the cut is at the one of step 2
-            message = "interrupted after step 2"
-            stopping_in_eval(mp, 2)
+        elif how in ("in_eval", "in_final_eval"):  # step 3 is not an evaluation step: the cut is at step 2 or 4
+            message = f"interrupted after step {last}"
+            stopping_in_eval(mp, last)
         else:
             stopping_at(mp, 4, stop)  # during step 4; step 3 is not a regular checkpoint (save_steps 2)
         assert train(cut) == code
     err = capsys.readouterr().err.strip().splitlines()
-    last = 2 if how == "in_eval" else 3
     assert err[-1] == (f"d3s train: {message}; checkpoint-{last} holds step {last}; to continue, run the same "
                        "command plus --resume true"), err[-1]
     assert not any("rerun the same command" in line for line in err)  # one message, not two that disagree
-    assert [p.name for p in complete_checkpoints(cut)[0]] == [f"checkpoint-{s}" for s in range(last, 1, -1)]
+    saved = [4, 2] if how == "in_final_eval" else range(last, 1, -1)  # the stop's own checkpoint, the regular ones
+    assert [p.name for p in complete_checkpoints(cut)[0]] == [f"checkpoint-{s}" for s in saved]
     assert train(cut, "--resume", "true") == 0
     assert f"resuming from checkpoint-{last}" in capsys.readouterr().err
     assert_same_run(cut, full_run)
@@ -322,6 +281,72 @@ def test_max_steps_below_one_is_refused(tmp_path, capsys, steps):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("extra,names", [
+    (["--max_steps", "6", "--variant", "grpo"],
+     ["max_steps: 4 -> 6", "variant: 'd3s' -> 'grpo'", "sample_selection: 'cross' -> 'none'"]),
+    (["--max_steps", "2"], ["max_steps: 4 -> 2"]),
+    (["--learning_rate", "0.5"], ["learning_rate: 0.001 -> 0.5"]),
+])
+def test_a_finished_run_asked_to_change_training_is_refused(full_run, tmp_path, capsys, extra, names):
+    out = copy_run(full_run, tmp_path / "run")
+    before = snapshot(out)
+    assert train(out, "--resume", "true", *extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a finished run (4 steps); --resume true with a recipe that changes " \
+        "training" in err[0], err
+    for name in names:
+        assert name in err[0], err[0]
+    after = snapshot(out)
+    after.pop(LOCK_NAME)
+    assert after == before
+
+
+def test_a_finished_run_resumed_with_free_changes_has_nothing_to_do(full_run, tmp_path, capsys):
+    out = copy_run(full_run, tmp_path / "run")
+    before = snapshot(out)
+    assert train(out, "--resume", "true", "--eval_every", "1", "--plots", "false") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"d3s train: {out} is a finished run (4 steps, summary.json); nothing to do"], err
+    after = snapshot(out)
+    after.pop(LOCK_NAME)
+    assert after == before
+
+
+@pytest.mark.parametrize("damage,keep", [("{broken", "all"), ("", "all"), ("[1, 2]", "all"), ("{broken", "model")])
+def test_a_finished_run_with_a_damaged_summary_is_evaluated_again(full_run, tmp_path, capsys, damage, keep):
+    """The final evaluation runs again from the last checkpoint (its weights are all it needs, so a
+    checkpoint pruned by `d3s compare` serves); its record replaces the old one."""
+    out = copy_run(full_run, tmp_path / "run")
+    prune_checkpoints(out, keep)
+    (out / "summary.json").write_text(damage)
+    assert train(out, "--resume", "true") == 0
+    err = capsys.readouterr().err
+    assert f"{out / 'summary.json'} is damaged (not valid JSON" in err or "not a run summary" in err, err
+    assert "resuming from checkpoint-4" in err and "every step is trained: running the final evaluation" in err
+    assert_same_run(out, full_run)  # one step-4 evaluation record, wall_s never going backwards
+
+
+def test_a_finished_run_with_a_damaged_summary_and_no_checkpoint_is_refused(full_run, tmp_path, capsys):
+    out = copy_run(full_run, tmp_path / "run")
+    prune_checkpoints(out, "none")
+    (out / "summary.json").write_text("{broken")
+    before = snapshot(out)
+    assert train(out, "--resume", "true") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "summary.json is damaged (not valid JSON" in err[0] and "no checkpoint" in err[0], err
+    after = snapshot(out)
+    after.pop(LOCK_NAME)
+    assert after == before  # the records of the finished run are kept
+
+
+def test_a_resumed_run_s_summary_equals_an_uninterrupted_run_s(full_run, tmp_path):
+    out = unfinished(full_run, tmp_path / "run")
+    assert train(out, "--resume", "true") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["before"] == json.loads((full_run / "summary.json").read_text())["before"]
+    assert_same_run(out, full_run)
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. Bad checkpoints and records do not stop a resume
 # ---------------------------------------------------------------------------------------------
@@ -336,6 +361,16 @@ def cut_at_step_4(full_run: Path, dest: Path) -> Path:
     return out
 
 
+def make_checkpoint_3(out: Path) -> Path:
+    """A checkpoint-3 next to checkpoint-2 (its copy, saying step 3), to be damaged: a resume must skip it."""
+    bad = out / "checkpoint-3"
+    shutil.copytree(out / "checkpoint-2", bad)
+    state = json.loads((bad / "trainer_state.json").read_text())
+    state["global_step"] = 3
+    (bad / "trainer_state.json").write_text(json.dumps(state))
+    return bad
+
+
 @pytest.mark.parametrize("damage,reason", [
     ("truncate_weights", "skipping checkpoint-3: model.safetensors is truncated"),
     ("no_trainer_state", "skipping checkpoint-3: trainer_state.json is missing"),
@@ -343,11 +378,7 @@ def cut_at_step_4(full_run: Path, dest: Path) -> Path:
 ])
 def test_resume_falls_back_to_the_newest_complete_checkpoint(full_run, tmp_path, capsys, damage, reason):
     out = cut_at_step_4(full_run, tmp_path / "run")
-    bad = out / "checkpoint-3"
-    shutil.copytree(out / "checkpoint-2", bad)  # a checkpoint-3 that a crash damaged
-    state = json.loads((bad / "trainer_state.json").read_text())
-    state["global_step"] = 3
-    (bad / "trainer_state.json").write_text(json.dumps(state))
+    bad = make_checkpoint_3(out)  # a checkpoint-3 that a crash damaged
     if damage == "truncate_weights":
         data = (bad / "model.safetensors").read_bytes()
         (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
@@ -366,26 +397,102 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint(full_run, tmp_path,
     assert_same_run(out, full_run)
 
 
-@pytest.mark.slow
-def test_a_kill_during_a_save_leaves_no_half_checkpoint(full_run, tmp_path):
-    out = tmp_path / "run"
-    code = (
-        "import os, signal, sys\n"
-        "from transformers import Trainer\n"
-        "from d3s import cli\n"
-        "save = Trainer._save_rng_state\n"
-        "def dying(self, output_dir):\n"
-        "    if self.state.global_step == 4: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    return save(self, output_dir)\n"
-        "Trainer._save_rng_state = dying\n"
-        "sys.exit(cli.main(['train', '--config', 'smoke', '--output_dir', sys.argv[1]]))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True)
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]  # no half checkpoint-4
-    assert (out / ".staging" / "checkpoint-4").is_dir()  # where it was being written
+def hostile(path: Path, marker: Path) -> None:
+    """A well-formed torch file whose unpickling would create the folder `marker`."""
+
+    class Hostile:
+        def __reduce__(self):
+            return os.mkdir, (str(marker),)
+
+    torch.save({"state": Hostile()}, path)
+
+
+def damage_checkpoint(ckpt: Path, damage: str, marker: Path) -> None:
+    """Damage `ckpt` so that its files pass the quick checks (sizes, archives) but cannot be loaded."""
+    if damage.startswith("hostile_"):
+        hostile(ckpt / {"hostile_rng": "rng_state.pth", "hostile_optimizer": "optimizer.pt",
+                        "hostile_scheduler": "scheduler.pt"}[damage], marker)
+    elif damage == "rng_of_nothing":
+        torch.save({}, ckpt / "rng_state.pth")
+    elif damage == "optimizer_of_another_model":
+        torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
+    elif damage in ("weight_missing", "weight_of_another_shape"):
+        weights = load_file(ckpt / "model.safetensors")
+        if damage == "weight_missing":
+            del weights["model.norm.weight"]
+        else:
+            weights["model.norm.weight"] = torch.zeros(3)
+        save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    elif damage == "config_not_json":
+        (ckpt / "config.json").write_text("{broken")
+    else:
+        raise AssertionError(damage)
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("damage,reason", [pytest.param(case[0], case[1], marks=case[2:], id=case[0]) for case in [
+    ("hostile_rng", "rng_state.pth cannot be loaded (UnpicklingError: Weights only load failed"),
+    ("hostile_optimizer", "optimizer.pt cannot be loaded (UnpicklingError: Weights only load failed"),
+    ("hostile_scheduler", "scheduler.pt cannot be loaded (UnpicklingError: Weights only load failed"),
+    ("weight_missing", "model.safetensors lacks 1 weight of the model (model.norm.weight)"),
+    ("rng_of_nothing", "rng_state.pth cannot be loaded (KeyError: 'python')", SLOW),
+    ("optimizer_of_another_model", "optimizer.pt cannot be loaded (ValueError: loaded state dict has a different "
+     "number of parameter groups)", SLOW),
+    ("weight_of_another_shape", "model.safetensors cannot be loaded (RuntimeError: Error(s) in loading state_dict "
+     "for LlamaForCausalLM: size mismatch for model.norm.weight", SLOW),
+    ("config_not_json", "config.json cannot be loaded (JSONDecodeError: ", SLOW),
+]])
+def test_a_checkpoint_that_cannot_be_loaded_is_skipped(full_run, tmp_path, capsys, damage, reason):
+    """Files that pass the quick checks but fail to load (a pickle that a safe load refuses, states of
+    another model): the run says so in one line and resumes from the previous checkpoint, exactly."""
+    out = cut_at_step_4(full_run, tmp_path / "run")
+    bad = make_checkpoint_3(out)
+    marker = tmp_path / "executed"
+    damage_checkpoint(bad, damage, marker)
     assert train(out, "--resume", "true") == 0
-    assert not (out / ".staging").exists()
+    err = capsys.readouterr().err
+    assert f"skipping checkpoint-3: {reason}" in err, err
+    assert "resuming from checkpoint-2" in err and "Traceback" not in err
+    assert not marker.exists()  # nothing in the file ran
+    assert_same_run(out, full_run)
+
+
+def test_a_run_with_no_loadable_checkpoint_starts_over_and_says_so(full_run, tmp_path, capsys):
+    out = cut_at_step_4(full_run, tmp_path / "run")
+    hostile(out / "checkpoint-2" / "rng_state.pth", tmp_path / "executed")
+    assert train(out, "--resume", "true") == 0
+    err = capsys.readouterr().err
+    assert "skipping checkpoint-2: rng_state.pth cannot be loaded (UnpicklingError" in err, err
+    assert f"no loadable checkpoint in {out}; starting from the beginning" in err
+    assert not (tmp_path / "executed").exists()
+    assert_same_run(out, full_run)
+
+
+@pytest.mark.parametrize("loss", ["deleted", "after_step_1"])
+def test_a_checkpoint_whose_records_are_lost_is_skipped(full_run, tmp_path, capsys, loss):
+    """A checkpoint without its step's record in metrics.jsonl cannot continue the cumulative counts
+    (tokens, wall-clock): the run goes back to a checkpoint whose records it has, here the beginning."""
+    out = cut_at_step_4(full_run, tmp_path / "run")
+    metrics = out / "metrics.jsonl"
+    if loss == "deleted":
+        metrics.unlink()
+    else:
+        metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))  # eval 0, train 1
+    assert train(out, "--resume", "true") == 0
+    err = capsys.readouterr().err
+    assert "skipping checkpoint-2: metrics.jsonl has no record of step 2" in err, err
+    assert f"no complete checkpoint in {out}; starting from the beginning" in err
+    assert_same_run(out, full_run)
+
+
+def test_a_resume_does_not_report_tied_weights_as_missing(full_run, tmp_path, capsys, caplog):
+    """The LM head shares the embedding's weights (saved once): not a missing key. A weight that is
+    really missing is named (`weight_missing` above)."""
+    out = cut_at_step_4(full_run, tmp_path / "run")
+    assert train(out, "--resume", "true") == 0
+    assert "missing keys" not in caplog.text + capsys.readouterr().err
     assert_same_run(out, full_run)
 
 
@@ -421,8 +528,11 @@ def test_a_finished_run_keeps_what_keep_checkpoints_says(tmp_path, keep, left, f
 def test_an_unfinished_run_s_checkpoints_are_never_pruned(tmp_path):
     out = tmp_path / "run"
     _fake_checkpoints(out)
-    with pytest.raises(RunFolderError, match="no summary.json: its checkpoints are what it resumes from"):
+    with pytest.raises(RunFolderError, match="no valid summary.json: its checkpoints are what it resumes from"):
         prune_checkpoints(out, "none")
-    assert len(list(out.rglob("*"))) == 14
+    (out / "summary.json").write_text("{broken")  # damaged: its final evaluation runs again from them
+    with pytest.raises(RunFolderError, match="no valid summary.json: its checkpoints are what it resumes from"):
+        prune_checkpoints(out, "none")
+    assert len(list(out.rglob("*"))) == 15
     with pytest.raises(RecipeError, match="keep_checkpoints 'some' is not one of all, model, none"):
         prune_checkpoints(out, "some")

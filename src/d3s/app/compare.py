@@ -34,7 +34,8 @@ from d3s.app.errors import RecipeError
 from d3s.app.options import parse_command
 from d3s.app.plots import plot_compare
 from d3s.app.recipe import parse_train_args
-from d3s.app.runfolder import KeepCheckpoints, RunFolderError, is_run_folder, prune_checkpoints, training_changes
+from d3s.app.runfolder import (KeepCheckpoints, RunFolderError, is_run_folder, prune_checkpoints, read_summary,
+                               training_changes)
 from d3s.app.train import resolve_run_config
 from d3s.variants import VARIANTS
 
@@ -58,7 +59,7 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep
     """Run (or resume, or reuse) one `d3s train` in a child process; returns its folder. Once a run this
     call trained has finished, its checkpoints are pruned to `keep_checkpoints` (see `prune_checkpoints`)."""
     out = run_dir(root, variant, seed)
-    if (out / "summary.json").is_file():
+    if read_summary(out)[0] is not None:  # a damaged summary.json is written again by the resumed run
         check_reusable(out, variant, seed, train_argv)
         print(f"d3s compare: reusing {out}", file=sys.stderr)
         return out

@@ -15,10 +15,13 @@ so that `d3s --help` and the other jobs load neither.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import sys
 import time
+from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +32,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
-from d3s.app.runfolder import STAGING_NAME, publish_folder
+from d3s.app.runfolder import STAGING_NAME, UnloadableCheckpoint, publish_folder
 from d3s.integrations.private_api import ATTRIBUTE, NAME
 from d3s.integrations.trl import D3SGRPOTrainer
 
@@ -44,8 +47,15 @@ PRIVATE_API = {
     # Read and set by RunTrainer.d3s_log_finished_step: the loss summed since the last log, and its step
     "Trainer._tr_loss": ATTRIBUTE,
     "Trainer._globalstep_last_logged": ATTRIBUTE,
-    # Called by d3s.app.train: the weights of a checkpoint whose steps are all trained; native bf16 kernels
+    # Overridden by RunTrainer: a checkpoint that fails to load is unloadable (`_loading`); tied weights are not
+    # missing. `_load_from_checkpoint` is also called by d3s.app.train: the weights of a checkpoint whose steps
+    # are all trained
     "Trainer._load_from_checkpoint": "(self, resume_from_checkpoint, model=None)",
+    "Trainer._load_optimizer_and_scheduler": "(self, checkpoint)",
+    "Trainer._load_rng_state": "(self, checkpoint)",
+    "Trainer._load_scaler": "(self, checkpoint)",
+    "Trainer._issue_warnings_after_load": "(self, load_result)",
+    # Called by d3s.app.train: native bf16 kernels
     "torch.ops.mkldnn._is_mkldnn_bf16_supported": NAME,
 }
 """Every private method, attribute or function of another library that a `d3s train` run relies on:
@@ -71,19 +81,76 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.random.set_rng_state_all(states["cuda"])
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def _weights_file(checkpoint: str) -> str:
+    return next((name for name in WEIGHT_FILES if os.path.isfile(os.path.join(checkpoint, name))), "the weights")
+
+
+def _short(err: BaseException) -> str:
+    """`Type: first sentence` of an error, plus the line that names a refused pickle global (a safe
+    `torch.load` says why it refused a file there, after a paragraph of advice)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):  # "Error(s) in loading state_dict for X:" and what they are
+        lines[:2] = [f"{lines[0]} {lines[1]}"]
+    text = lines[0].split(". ")[0].rstrip(".") if lines else ""
+    text += "".join(f"; {line.rstrip('.')}" for line in lines[1:] if "GLOBAL" in line)[:200]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+STATE_FILES = ((torch.optim.Optimizer, "optimizer.pt"), (torch.optim.lr_scheduler.LRScheduler, "scheduler.pt"))
+"""Which checkpoint file an object's `load_state_dict` reads."""
+
+
+def _file_in(err: BaseException, checkpoint: str, method: str) -> str | None:
+    """The file of `checkpoint` that the innermost call under `method` (a loading method, which names every file)
+    was reading when `err` was raised (a path among its local variables: `torch.load`'s `f`, a JSON reader's
+    file) or applying (the optimizer's or scheduler's `load_state_dict`), or None."""
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    below = max((i for i, frame in enumerate(frames) if frame.f_code.co_name == method), default=-1) + 1
+    folder = os.path.realpath(checkpoint)
+
+    def in_folder(value) -> bool:
+        try:
+            return os.path.dirname(os.path.realpath(value)) == folder
+        except (TypeError, ValueError):  # not a path (a NUL byte in a string, a PathLike of bytes)
+            return False
+
+    for frame in reversed(frames[below:]):
+        for name, value in frame.f_locals.items():
+            if isinstance(value, (str, os.PathLike)) and in_folder(value):
+                return os.path.basename(value)
+            if name == "self":
+                found = next((file for kind, file in STATE_FILES if isinstance(value, kind)), None)
+                if found:
+                    return found
+    return None
+
+
 class RunTrainer(D3SGRPOTrainer):
-    """`D3SGRPOTrainer` with two things a run needs from its checkpoints:
+    """`D3SGRPOTrainer` with three things a run needs from its checkpoints:
 
     - atomic saves: a checkpoint is written into `.staging/checkpoint-N` and renamed into place when
       complete (then old ones are rotated), so a kill during a save leaves no half `checkpoint-N`;
     - the resume point of the last finished step: the RNG states and the token and FLOP counters right
       after the step was logged and (maybe) saved, which is what a regular checkpoint of that step
       holds. A checkpoint written on Ctrl-C restores them first: the half-finished next step has
-      already drawn from the RNGs and counted its tokens.
+      already drawn from the RNGs and counted its tokens;
+    - loads that fail as one thing: any error while the run loads the checkpoint it resumes from (weights,
+      optimizer, scheduler, scaler, RNG states; files a safe `torch.load` refuses, states of another model,
+      weights missing from the file) raises `UnloadableCheckpoint` naming the file and the reason, and
+      `d3s.app.train` continues from the previous checkpoint. A tied weight (the LM head that shares the
+      embedding's tensor, saved once) is not missing.
     """
 
     _d3s_staging: str | None = None
     d3s_resume_point: dict | None = None
+    d3s_saved_step: int | None = None
 
     def _get_output_dir(self, trial):
         return self._d3s_staging if self._d3s_staging is not None else super()._get_output_dir(trial)
@@ -110,6 +177,58 @@ class RunTrainer(D3SGRPOTrainer):
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
         self.accelerator.wait_for_everyone()
+        self.d3s_saved_step = self.state.global_step
+
+    # Loading the checkpoint a run resumes from
+    @contextmanager
+    def _d3s_loading(self, method: str, checkpoint: str | None, default_file: str):
+        """Any error inside is `UnloadableCheckpoint(checkpoint, "<file> cannot be loaded (<error>)")`, while
+        no step has finished in this process (later loads, if any, are not the resume's)."""
+        if checkpoint is None or self.d3s_resume_point is not None:
+            yield
+            return
+        try:
+            yield
+        except UnloadableCheckpoint as err:  # raised below, about `default_file`
+            if err.checkpoint is None:
+                err.checkpoint, err.reason = Path(checkpoint), f"{default_file} {err.reason}"
+            raise
+        except Exception as err:
+            name = _file_in(err, checkpoint, method) or default_file
+            raise UnloadableCheckpoint(Path(checkpoint), f"{name} cannot be loaded ({_short(err)})") from err
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        weights = _weights_file(resume_from_checkpoint)
+        with self._d3s_loading("_load_from_checkpoint", resume_from_checkpoint, weights):
+            super()._load_from_checkpoint(resume_from_checkpoint, model=model)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        with self._d3s_loading("_load_optimizer_and_scheduler", checkpoint, "optimizer.pt or scheduler.pt"):
+            super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _load_scaler(self, checkpoint):
+        with self._d3s_loading("_load_scaler", checkpoint, "scaler.pt"):
+            super()._load_scaler(checkpoint)
+
+    def _load_rng_state(self, checkpoint):
+        name = f"rng_state_{self.args.process_index}.pth" if self.args.world_size > 1 else "rng_state.pth"
+        with self._d3s_loading("_load_rng_state", checkpoint, name):
+            super()._load_rng_state(checkpoint)
+
+    def _issue_warnings_after_load(self, load_result):
+        """A key is missing only if no other name of its tensor was loaded (tied weights are saved once)."""
+        names = defaultdict(list)
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            names[id(param)].append(name)
+        by_name = {name: group for group in names.values() for name in group}
+        absent = set(load_result.missing_keys)
+        missing = [k for k in load_result.missing_keys if all(n in absent for n in by_name.get(k, [k]))]
+        if missing and self.d3s_resume_point is None:  # resuming: the checkpoint is incomplete
+            shown = ", ".join(missing[:5]) + (f", and {len(missing) - 5} more" if len(missing) > 5 else "")
+            count = f"{len(missing)} weight{'s' if len(missing) > 1 else ''}"
+            raise UnloadableCheckpoint(None, f"lacks {count} of the model ({shown})")  # named by _d3s_loading
+        if missing or load_result.unexpected_keys:
+            super()._issue_warnings_after_load(type(load_result)(missing, load_result.unexpected_keys))
 
     # The step's grad norm and pre-update learning rate, for its record if a stop comes before it
     def _get_grad_norm(self, model, grad_norm=None):

@@ -3,15 +3,17 @@
 What a run guarantees about its folder (docs/reliability.md says how each is tested):
 
 - it owns it: a run writes only into a new or empty folder, or into a folder that holds a d3s run
-  (a `.d3s-run.lock` or `run_config.json` in it). Any other non-empty folder is refused before a
+  (a `.d3s-run.lock` or a d3s `run_config.json` in it). Any other non-empty folder is refused before a
   file in it is touched. While the run lives it holds an exclusive `flock` on `.d3s-run.lock`, so
   a second run into the same folder is refused; the OS drops the lock when the process dies, so a
   crashed or killed run never leaves it stuck.
 - its records are replaced atomically (`atomic_write_text`: a temporary file, fsync, rename).
 - a checkpoint is written into `.staging/checkpoint-N` and renamed into place once complete, so a
   kill during a save leaves no half `checkpoint-N` (see `d3s.app.run_trainer`), and `complete_checkpoints`
-  checks every file a resume needs before it is used, newest first.
-- a resume refuses a recipe that changes training (`training_changes`).
+  checks every file a resume needs before it is used, newest first. A checkpoint that passes these checks
+  and still fails to load (`UnloadableCheckpoint`) is incomplete too: the run continues from the one before.
+- a resume refuses a recipe that changes training (`training_changes`), also of a finished run; a run is
+  finished when its `summary.json` is valid (`read_summary`).
 """
 
 from __future__ import annotations
@@ -46,8 +48,15 @@ class RunFolderError(RecipeError):
 
 
 def is_run_folder(path: Path) -> bool:
-    """Whether `path` holds a d3s run (its lock file, or the `run_config.json` every run writes first)."""
-    return (path / LOCK_NAME).is_file() or (path / "run_config.json").is_file()
+    """Whether `path` holds a d3s run: its lock file, or the `run_config.json` every run writes first (a JSON
+    object with the run's and the trainer's settings; a file of another program by that name is not one)."""
+    if (path / LOCK_NAME).is_file():
+        return True
+    try:
+        saved = json.loads((path / "run_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"run", "trainer"} <= set(saved)
 
 
 class RunLock:
@@ -76,7 +85,8 @@ def claim_folder(out: Path) -> RunLock:
         if entries and not is_run_folder(out):
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
             raise RunFolderError(
-                f"output_dir {str(out)!r} is not empty ({len(entries)} entries: {shown}) and holds no d3s run; "
+                f"output_dir {str(out)!r} is not empty ({len(entries)} entr{'y' if len(entries) == 1 else 'ies'}: "
+                f"{shown}) and holds no d3s run; "
                 "d3s train writes only into a new or empty folder or its own run's: pick another --output_dir"
             )
     try:
@@ -197,10 +207,12 @@ def _torch_file_problem(path: Path) -> str | None:
     return None
 
 
-def checkpoint_problem(path: Path) -> str | None:
+def checkpoint_problem(path: Path, resume_state: bool = True) -> str | None:
     """Why the checkpoint folder `path` cannot be resumed from (one short phrase), or None when complete:
     trainer state naming its step, model weights whose sizes match their headers, optimizer, scheduler
-    and RNG state files whose archives are intact."""
+    and RNG state files whose archives are intact (not asked for with `resume_state=False`: a checkpoint
+    of a run's last step only has its weights evaluated). These are quick checks of sizes and headers; a
+    file can pass them and still fail to load (`UnloadableCheckpoint`)."""
     path = Path(path)
     state_file = path / "trainer_state.json"
     if not state_file.is_file():
@@ -223,6 +235,8 @@ def checkpoint_problem(path: Path) -> str | None:
         problem = _safetensors_problem(path / shard)
         if problem:
             return problem
+    if not resume_state:
+        return None
     for name in ("optimizer.pt", "scheduler.pt"):
         problem = _torch_file_problem(path / name)
         if problem:
@@ -237,13 +251,27 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def complete_checkpoints(out: Path) -> tuple[list[Path], list[tuple[str, str]]]:
-    """The complete `checkpoint-N` folders of `out`, newest first, and `(name, problem)` of the others."""
+class UnloadableCheckpoint(Exception):
+    """A checkpoint that passed `checkpoint_problem` failed to load (`reason`: the file and why, one short
+    phrase). A run treats it as incomplete: it continues from the previous complete checkpoint."""
+
+    def __init__(self, checkpoint: Path | None, reason: str):
+        super().__init__(reason)
+        self.checkpoint, self.reason = checkpoint, reason
+
+
+def complete_checkpoints(out: Path, final_step: int | None = None,
+                         unloadable: dict[str, str] | None = None) -> tuple[list[Path], list[tuple[str, str]]]:
+    """The complete `checkpoint-N` folders of `out`, newest first, and `(name, problem)` of the others.
+
+    A checkpoint at `final_step` or later needs only its weights (the run evaluates them, it trains no
+    more); `unloadable` maps the names of checkpoints that failed to load to why: they are incomplete."""
     found = sorted((p for p in Path(out).glob("checkpoint-*") if p.is_dir() and checkpoint_step(p) is not None),
                    key=checkpoint_step, reverse=True)
     good, bad = [], []
     for p in found:
-        problem = checkpoint_problem(p)
+        problem = (unloadable or {}).get(p.name) or checkpoint_problem(
+            p, resume_state=final_step is None or checkpoint_step(p) < final_step)
         if problem is None:
             good.append(p)
         else:
@@ -268,8 +296,8 @@ def prune_checkpoints(out: Path, keep: str) -> int:
         raise RecipeError(f"keep_checkpoints {keep!r} is not one of {', '.join(KEEP_CHECKPOINTS)}")
     if keep == "all":
         return 0
-    if not (out / "summary.json").is_file():
-        raise RunFolderError(f"{out} has no summary.json: its checkpoints are what it resumes from; not pruned")
+    if read_summary(out)[0] is None:
+        raise RunFolderError(f"{out} has no valid summary.json: its checkpoints are what it resumes from; not pruned")
 
     def size(path: Path) -> int:
         if path.is_file():
@@ -289,6 +317,25 @@ def prune_checkpoints(out: Path, keep: str) -> int:
         freed += size(ckpt)
         shutil.rmtree(ckpt)
     return freed
+
+
+def read_summary(out: Path) -> tuple[dict | None, str | None]:
+    """`(summary, problem)` of a run's `summary.json`, which marks it finished: the summary when it is a valid
+    one, else None and, when the file exists, why it is not (one short phrase)."""
+    path = Path(out) / "summary.json"
+    if not path.is_file():
+        return None, None
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError as err:
+        return None, f"not valid JSON: {err}"
+    except OSError as err:
+        return None, f"cannot be read: {err.strerror}"
+    if not isinstance(summary, dict):
+        return None, f"not a run summary: a JSON {type(summary).__name__}"
+    return summary, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,6 +404,15 @@ def code_version() -> str:
 # ---------------------------------------------------------------------------------------------
 # Records
 # ---------------------------------------------------------------------------------------------
+
+
+RECORD_FIELDS = ("type", "step", "wall_s", "trained_tokens", "generated_tokens", "computed_tokens")
+"""The fields every record of `metrics.jsonl` starts with; an `eval` record adds the evaluation's result."""
+
+
+def eval_result(record: dict) -> dict:
+    """The held-out result an `eval` record holds (accuracy, counts, interval), without the record's fields."""
+    return {k: v for k, v in record.items() if k not in RECORD_FIELDS}
 
 
 def read_run_records(path: Path, *, warn=None) -> list[dict]:

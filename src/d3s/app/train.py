@@ -16,7 +16,9 @@ The run is `D3SGRPOTrainer` (d3s.integrations.trl) plus what a person running it
   states of that step's end, not those of the half-finished next one) and says in one line what is
   saved; `--resume true` continues from the newest complete checkpoint — TRL restores the step,
   optimizer and RNG states, and the D3S schedule is a function of the step, so it continues
-  exactly. A resume refuses a recipe that changes training, and a finished run stays finished;
+  exactly. A checkpoint that fails to load is skipped like an incomplete one. A resume refuses a
+  recipe that changes training, and a finished run stays finished (one whose `summary.json` is
+  damaged runs its final evaluation again);
 - `summary.json` (written last: it marks the run finished) and PNG plots at the end (`d3s.app.plots`).
 
 Wall-clock in the records counts training (generation included) and leaves out the held-out
@@ -52,12 +54,16 @@ from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_d
 from d3s.app.runfolder import (
     STAGING_NAME,
     RunFolderError,
+    UnloadableCheckpoint,
     atomic_write_text,
+    checkpoint_step,
     claim_folder,
     code_version,
     complete_checkpoints,
+    eval_result,
     no_signal_share,
     read_run_records,
+    read_summary,
     step_seconds,
     training_changes,
 )
@@ -87,6 +93,13 @@ class RunLog:
         if self.writer:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+
+    def drop(self, kind: str, step: int) -> None:
+        """Remove the records of `kind` at `step` (an evaluation about to run again) and rewrite the file."""
+        kept = [r for r in self.records if not (r["type"] == kind and r["step"] == step)]
+        if len(kept) != len(self.records):
+            self.records = kept
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
 
     def last(self, kind: str) -> dict | None:
         return next((r for r in reversed(self.records) if r["type"] == kind), None)
@@ -169,7 +182,8 @@ def _continue_hint(run: RunArgs) -> str:
     return "run the same command again" if run.resume else "run the same command plus --resume true"
 
 
-def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: BaseException) -> RunStopped:
+def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: BaseException, resume_step: int | None,
+          unloadable: dict[str, str]) -> RunStopped:
     """After training stopped early: keep the last finished step (its record, a checkpoint with its
     RNG states), tell the user in one line what is saved and how to continue; the exit status."""
     if isinstance(err, _Terminated):
@@ -185,7 +199,7 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
     note = ""
     if callback.updating_from is not None and callback.updating_from == step:
         note = f" inside the weight update of step {step + 1}, which cannot be saved;"
-    elif step > 0 and not (out / f"checkpoint-{step}").is_dir():
+    elif step > 0 and step not in (resume_step, trainer.d3s_saved_step):  # (a checkpoint-N there may be unloadable)
         point = trainer.d3s_resume_point
         try:
             if point is not None and point["step"] == step:
@@ -197,7 +211,7 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
             trainer._save_checkpoint(trainer.model, trial=None)
         except BaseException as save_err:  # a second Ctrl-C, a full disk: the older checkpoints are intact
             note = f" saving checkpoint-{step} failed ({type(save_err).__name__});"
-    good, _ = complete_checkpoints(out)
+    good, _ = complete_checkpoints(out, unloadable=unloadable)
     if good:
         where = (f"{good[0].name} holds step {good[0].name.split('-')[-1]}; to continue, {_continue_hint(run)}")
     else:
@@ -222,56 +236,84 @@ def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any
             lock.release()
 
 
-def _resume_point(run: RunArgs, config, out: Path, main_process: bool, notes: list[str]):
-    """`(checkpoint or None, finished summary or None)`; refuses what cannot continue this folder.
-    What the user should know about the choice is appended to `notes`."""
+def _resume_point(run: RunArgs, config, out: Path, main_process: bool, run_config: dict,
+                  unloadable: dict[str, str], notes: list[str]):
+    """`(checkpoint or None, finished summary or None)`; refuses what cannot continue this folder: a
+    recipe that changes training, also of a finished run. What the user should know about the choice is
+    appended to `notes`. `unloadable`: the checkpoints that failed to load, with why."""
     if main_process:  # leftovers of a run killed while saving; this run holds the folder's lock
         shutil.rmtree(out / STAGING_NAME, ignore_errors=True)
         for tmp in out.glob(".*.tmp-*"):
             tmp.unlink(missing_ok=True)
     summary_file = out / "summary.json"
-    good, bad = complete_checkpoints(out)
+    summary, damaged = read_summary(out)
+    final_step = config.max_steps if config.max_steps > 0 else None
+    good, bad = complete_checkpoints(out, final_step, {**_unrecorded(out), **unloadable})
     if not run.resume:
         if summary_file.is_file() or good or bad:
             state = "a finished run" if summary_file.is_file() else "a run with checkpoints"
             raise RunFolderError(f"output_dir {str(out)!r} already holds {state}; pass --resume true to continue it, "
                                  "or pick another --output_dir")
         return None, None
-    if summary_file.is_file():
+    if summary is not None:
         try:
-            summary = json.loads(summary_file.read_text())
-        except (OSError, ValueError):
-            summary = None
-        if isinstance(summary, dict):
-            _say(f"{out} is a finished run ({summary.get('steps')} steps, summary.json); nothing to do")
-            return None, summary
+            changed, _ = _training_changes(out, run_config)
+        except RunFolderError:  # its recipe cannot be read: nothing to compare, and nothing is done
+            changed = []
+        if changed:
+            raise RunFolderError(f"output_dir {str(out)!r} holds a finished run ({summary.get('steps')} steps); "
+                                 f"--resume true with a recipe that changes training ({'; '.join(changed)}): a "
+                                 "finished run is not continued or changed; start a new run in another --output_dir")
+        _say(f"{out} is a finished run ({summary.get('steps')} steps, summary.json); nothing to do")
+        return None, summary
+    if damaged:
+        if not good:
+            raise RunFolderError(f"{summary_file} is damaged ({damaged}) and no checkpoint can continue the run to "
+                                 f"write it again (checkpoints: {', '.join(f'{n}: {p}' for n, p in bad) or 'none'}); "
+                                 "restore summary.json from a copy, or start a new run in another --output_dir")
+        notes.append(f"{summary_file} is damaged ({damaged}); the run continues from its last checkpoint and "
+                     "writes it again")
     for name, problem in bad:
         if not good or int(name.split("-")[-1]) > int(good[0].name.split("-")[-1]):
             notes.append(f"skipping {name}: {problem}")
     if good:
         notes.append(f"resuming from {good[0].name}")
         return good[0], None
-    notes.append(f"no complete checkpoint in {out}; starting from the beginning")
+    notes.append(f"no {'loadable' if unloadable else 'complete'} checkpoint in {out}; starting from the beginning")
     return None, None
 
 
-def _check_same_training(out: Path, now: dict) -> None:
-    """On resume: refuse a recipe that changes training; name the free changes."""
+def _unrecorded(out: Path) -> dict[str, str]:
+    """The checkpoints whose step has no record in `metrics.jsonl` (lost or deleted), with why: the run's
+    cumulative counts cannot continue from them, so they are incomplete."""
+    path = out / "metrics.jsonl"
+    recorded = {r["step"] for r in read_run_records(path) if r["type"] == "train"} if path.is_file() else set()
+    return {p.name: f"{path.name} has no record of step {checkpoint_step(p)}" for p in out.glob("checkpoint-*")
+            if checkpoint_step(p) is not None and checkpoint_step(p) not in recorded}
+
+
+def _training_changes(out: Path, now: dict) -> tuple[list[str], list[str]]:
+    """`(changes that alter training, free changes)` of this recipe against the run's `run_config.json`."""
     path = out / "run_config.json"
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise RunFolderError(f"{path} cannot be read ({type(err).__name__}), so the resumed recipe cannot be checked "
                              "against the run's; restore it or start a new run in another --output_dir") from None
-    changed, free = training_changes(saved, now)
+    return training_changes(saved, now)
+
+
+def _check_same_training(out: Path, now: dict, notes: list[str]) -> None:
+    """On resume: refuse a recipe that changes training; name the free changes."""
+    changed, free = _training_changes(out, now)
     if changed:
         raise RunFolderError(
             f"--resume true with a recipe that changes training ({'; '.join(changed)}); resume with the run's own "
-            f"recipe (in {path}) or start a new run in another --output_dir. Free to change: eval_every, plots, "
-            "logging, saving and hub settings"
+            f"recipe (in {out / 'run_config.json'}) or start a new run in another --output_dir. Free to change: "
+            "eval_every, plots, logging, saving and hub settings"
         )
     if free:
-        _say(f"resuming with changed settings that do not change training: {'; '.join(free)}")
+        notes.append(f"resuming with changed settings that do not change training: {'; '.join(free)}")
 
 
 def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
@@ -285,10 +327,25 @@ def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, A
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
                    started: float) -> dict[str, Any]:
+    """The run from its resume point; a checkpoint that fails to load is skipped like an incomplete one,
+    and the run starts again (a fresh model and trainer) from the previous one."""
     run_config = resolve_run_config(run, config, recipe)
-    checkpoint, finished = _settle_resume(run, config, out, main_process, run_config)
-    if finished is not None:
-        return finished
+    unloadable: dict[str, str] = {}
+    said: set[str] = set()
+    while True:
+        checkpoint, finished = _settle_resume(run, config, out, main_process, run_config, unloadable, said)
+        if finished is not None:
+            return finished
+        try:
+            return _run_from(run, config, out, main_process, started, run_config, checkpoint, unloadable)
+        except UnloadableCheckpoint as err:
+            unloadable[err.checkpoint.name] = err.reason
+
+
+def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: float, run_config: dict,
+              checkpoint: Path | None, unloadable: dict[str, str]) -> dict[str, Any]:
+    """Load, train from `checkpoint` (or the start), evaluate, write the summary. Raises `UnloadableCheckpoint`
+    when `checkpoint` fails to load, before any step is trained."""
     model, tokenizer, model_path = _load_model(run, config)
     task, dataset, prompts_per_step = _training_data(run, config)
     max_new = run.eval_max_new_tokens or config.max_completion_length
@@ -315,29 +372,29 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
         before = _base_model_score(model_path, task, max_new, evaluate, run_log, trainer.accelerator)
         callback.last_acc = before["accuracy"]
     else:
-        before = next((r for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
-    _train(trainer, callback, run_log, out, run, config, checkpoint, resume_step)
-
-    if not (out / f"checkpoint-{trainer.state.global_step}").exists():
-        trainer._save_checkpoint(trainer.model, trial=None)
-    after = callback.run_eval(trainer.state.global_step)
+        before = next((eval_result(r) for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
+    _train(trainer, callback, run_log, out, run, config, checkpoint, resume_step, unloadable)
+    after = _final_evaluation(trainer, callback, run_log, out, run, resume_step, unloadable)
     summary = _summary(run, config, trainer.state.global_step, task, before, after, run_log, started,
                        run_config["code_version"])
     _finish(run, config, out, summary, main_process)
     return summary
 
 
-def _settle_resume(run: RunArgs, config, out: Path, main_process: bool, run_config: dict):
+def _settle_resume(run: RunArgs, config, out: Path, main_process: bool, run_config: dict,
+                   unloadable: dict[str, str], said: set[str]):
     """`(checkpoint or None, finished summary or None)` of the folder, checked against this run's recipe;
-    what the user should know about it is said."""
+    what the user should know about it is said (once: `said` holds what was)."""
     notes: list[str] = []
-    checkpoint, finished = _resume_point(run, config, out, main_process, notes)
+    checkpoint, finished = _resume_point(run, config, out, main_process, run_config, unloadable, notes)
     if finished is not None:
         return None, finished
     if checkpoint is not None:
-        _check_same_training(out, run_config)
+        _check_same_training(out, run_config, notes)
     for note in notes:
-        _say(note)
+        if note not in said:
+            said.add(note)
+            _say(note)
     return checkpoint, None
 
 
@@ -423,18 +480,38 @@ def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, r
 
 
 def _train(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, config, checkpoint: Path | None,
-           resume_step: int | None) -> None:
+           resume_step: int | None, unloadable: dict[str, str]) -> None:
     """Train to the end, from `checkpoint` if any; a stop keeps the last finished step and raises `RunStopped`."""
     if resume_step is not None and 0 < config.max_steps <= resume_step:
-        # Every step was trained and saved; the run stopped before its final evaluation.
+        # Every step was trained and saved; the run stopped before its final evaluation (or lost its summary).
         trainer._load_from_checkpoint(str(checkpoint))
         trainer.state.global_step = resume_step
+        _say("every step is trained: running the final evaluation")
         return
     try:
         with _StopSignals():
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    except UnloadableCheckpoint:  # nothing trained yet: the caller continues from an older checkpoint
+        if callback.bar is not None:
+            callback.bar.close()
+        raise
     except BaseException as err:  # Ctrl-C, SIGTERM, a crash: keep the last finished step, then stop
-        raise _stop(trainer, callback, run_log, out, run, err) from err
+        raise _stop(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
+
+
+def _final_evaluation(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, resume_step: int | None,
+                      unloadable: dict[str, str]) -> dict:
+    """Save the last step (unless this run resumed from it or saved it), then evaluate it; a stop (Ctrl-C,
+    SIGTERM, an exception) says in one line what is saved and raises `RunStopped`, as during training."""
+    step = trainer.state.global_step
+    try:
+        with _StopSignals():
+            if step not in (resume_step, trainer.d3s_saved_step):  # (a checkpoint-N there may be unloadable)
+                trainer._save_checkpoint(trainer.model, trial=None)
+            run_log.drop("eval", step)  # a final evaluation whose summary.json was lost: it runs again
+            return callback.run_eval(step)
+    except BaseException as err:
+        raise _stop(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
 
 
 def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | None, after: dict, run_log: RunLog,
