@@ -243,8 +243,7 @@ def read_file(path: Path) -> list[Any]:
     try:
         return [row for _, row in read_rows(path)]
     except NotUtf8 as e:
-        raise BenchmarkError(f"{path}:{e.line}: not UTF-8 text (byte {e.byte:#04x} at offset {e.offset}); "
-                             "save the file as UTF-8") from None
+        raise BenchmarkError(str(e)) from None
     except BadJsonLine as e:
         raise BenchmarkError(f"{path}:{e.line}: not valid JSON ({e.msg} at column {e.column})") from None
     except DataFileError as e:
