@@ -46,7 +46,7 @@ import torch
 
 from d3s.app.errors import RecipeError
 from d3s.app.evaluation.heldout import heldout_accuracy
-from d3s.app.models import cache_dir, is_missing_local_model, resolve_model
+from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
 from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_defaults
 from d3s.app.runfolder import (
@@ -335,15 +335,12 @@ def _settle_resume(run: RunArgs, config, out: Path, main_process: bool, run_conf
 
 def _load_model(run: RunArgs, config):
     """`(model, tokenizer, model path)`: the run's model in float32, with a pad token."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if is_missing_local_model(run.model):
         raise FileNotFoundError(f"model folder {run.model!r} does not exist")
     model_path = resolve_model(run.model, seed=config.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model, tokenizer = load_pretrained(model_path, dtype=torch.float32)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     return model, tokenizer, model_path
 
 
