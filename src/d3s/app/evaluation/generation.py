@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Protocol, Sequence
 
 from d3s.app.errors import ModelLoadError
