@@ -378,3 +378,86 @@ def test_a_broken_parquet_file_is_one_line(tmp_path, capfd, monkeypatch):
     err = capfd.readouterr().err.strip().splitlines()
     assert err == [f"d3s eval: error: {path}: not a readable parquet file (Couldn't deserialize thrift: "
                    "TProtocolException: Invalid data)"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Found by trying bad input as a new user: each of these was a traceback or was taken silently
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch) -> Path:
+    """A working folder of inputs: `good.jsonl` (40 problems), `twice.jsonl` (a row setting `answer` twice),
+    `booleans.jsonl` (answers `true`), `huge-train.jsonl` / `huge-heldout.jsonl` (a 200k-character question
+    among the training / held-out rows), `gsm8k.jsonl` (a benchmark copy), `noconfig/` (a folder that is no
+    model), `empty/`, `afile`."""
+    monkeypatch.chdir(tmp_path)
+    rows = [{"problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(40)]
+
+    def jsonl(name, rows):
+        Path(name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    jsonl("good.jsonl", rows)
+    jsonl("booleans.jsonl", [{**r, "answer": True} for r in rows])
+    jsonl("huge-train.jsonl", [{**r, "problem": "x" * 200_000} if i == 0 else r for i, r in enumerate(rows)])
+    jsonl("huge-heldout.jsonl", [{**r, "problem": "x" * 200_000} if i == 39 else r for i, r in enumerate(rows)])
+    Path("twice.jsonl").write_text(Path("good.jsonl").read_text() + '{"problem": "2 + 2?", "answer": "4", '
+                                   '"answer": "5"}\n')
+    jsonl("gsm8k.jsonl", [{"question": "What is 1 + 1?", "answer": "#### 2"}])
+    for name in ("noconfig", "empty"):
+        Path(name).mkdir()
+    Path("noconfig/README").write_text("not a model")
+    Path("afile").write_text("x")
+    return tmp_path
+
+
+MATH = ["train", "--config", "smoke", "--task", "math", "--heldout_size", "4", "--max_steps", "1",
+        "--output_dir", "o", "--dataset"]
+EVAL = ["eval", "--model", "tiny", "--n", "1", "--ks", "1", "--limit", "1", "--max_new_tokens", "2",
+        "--no_progress", "--output_dir", "o"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    # dataset rows
+    (MATH + ["twice.jsonl"], r"twice.jsonl line 41 column 1: not valid JSON \(key 'answer' is set twice in one "
+                             r"object\)"),
+    (MATH + ["booleans.jsonl"], r"booleans.jsonl line 1: column 'answer' is True; expected a non-empty string"),
+    (MATH + ["huge-train.jsonl"], r"1 training problem\(s\) do not fit the model's context of 512 tokens: the "
+                                  r"longest prompt \('xxx.*is 200\d\d\d tokens, plus max_completion_length=8"),
+    (MATH + ["huge-heldout.jsonl"], r"1 held-out problem\(s\) do not fit the model's context of 512 tokens"),
+    (MATH + ["empty"], r"dataset folder 'empty' holds no data file that can be read"),
+    # models that are not there or are no model
+    (["train", "--config", "smoke", "--output_dir", "o", "--model", "./noconfig"],
+     r"model folder './noconfig' has no config.json; give a folder written by save_pretrained"),
+    (["train", "--config", "smoke", "--output_dir", "o", "--model", "nobody/no-such-model"],
+     r"could not load model 'nobody/no-such-model' as a local folder or hub model: "),
+    (EVAL[:1] + ["--model", "./noconfig"] + EVAL[3:] + ["--benchmarks", "arith"], r"has no config.json"),
+    (EVAL[:1] + ["--model", ""] + EVAL[3:] + ["--benchmarks", "arith"], r"--model is empty"),
+    # d3s eval values
+    (EVAL + ["--benchmarks", "arith", "--device", "gpu0"], r"--device 'gpu0' is not a device; valid: auto, cpu"),
+    (EVAL + ["--benchmarks", "arith", "--temperature", "nan"], r"temperature=nan must be a finite number >= 0"),
+    (EVAL + ["--benchmarks", "gsm8k="], r"benchmark 'gsm8k=' names no file; write gsm8k=PATH"),
+    (EVAL + ["--benchmarks", "arith=twice.jsonl"], r"twice.jsonl:41: not valid JSON \(key 'answer' is set twice"),
+    # d3s eval-table and d3s compare options
+    (["eval-table", "afile", "--ks", "0"], r"--ks 0: every k must be >= 1"),
+    (["compare", "--config", "smoke", "--variants", "grpo,grpo", "--output_dir", "c"],
+     r"--variants lists grpo more than once"),
+    (["compare", "--config", "smoke", "--seeds", "1,-1", "--output_dir", "c"],
+     r"--seeds -1: a seed is an integer in \[0, 2\*\*32 - 1\]"),
+    (["compare", "--keep-checkpoints", "all", "--output_dir", "c"],
+     r"unknown option --keep-checkpoints; did you mean --keep_checkpoints\?"),
+    # d3s train options
+    (["train", "--config", "smoke", "--output_dir", "o", "--seed", "-1"],
+     r"seed=-1 \(from the command line\); valid: an integer >= 0 and <= 4294967295"),
+    (["train", "--config", "--output_dir", "o"], r"--config needs a recipe file or name"),
+])
+def test_found_by_trying(files, capsys, argv, message):
+    line = fails(capsys, argv)
+    assert re.search(message, line), line
+    assert not Path("c").exists() and not (Path("o") / "run_config.json").exists()
+
+
+def test_config_inside_a_recipe(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("config: smoke\n")
+    assert "is not a field; a recipe is given on the command line" in fails(capsys, ["train", "--config", str(recipe)])

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from d3s.app.errors import RecipeError
-from d3s.app.evaluation.heldout import heldout_accuracy
+from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
 from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_defaults
@@ -289,6 +289,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     model, tokenizer, model_path = _load_model(run, config)
     task, dataset, prompts_per_step = _training_data(run, config)
     max_new = run.eval_max_new_tokens or config.max_completion_length
+    check_prompts_fit(model, tokenizer, task, run, config)
 
     resume_step = int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None
     run_log = RunLog(out / "metrics.jsonl", resume_step)
