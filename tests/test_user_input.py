@@ -148,7 +148,10 @@ def test_a_results_file_that_is_not_utf8(tmp_path, capsys):
     results = tmp_path / "results.json"
     content = b'{"format": "d3s-eval/1",\n "label": "caf\xe9"}\n'
     results.write_bytes(content)
-    assert _not_utf8(results, content.index(b"\xe9")) in fails(capsys, ["eval-table", str(results)])
+    offset = content.index(b"\xe9")
+    # d3s eval writes UTF-8: such a file is another kind, and eval-table says what it reads
+    assert (f"{results} is not a d3s eval results file (line 2: not UTF-8 text (byte 0xe9 at offset {offset})); "
+            "eval-table reads the results.json") in fails(capsys, ["eval-table", str(results)])
 
 
 def test_utf16_is_named(tmp_path, capsys):
@@ -196,6 +199,9 @@ def test_every_train_switch_in_help_is_taken(capsys):
     assert len(switches) > 40
     assert cli.main(["train", "--help"]) == 0
     shown = capsys.readouterr().out
+    # one spelling per option, as in every d3s command: --help lists no kebab-case twin (--no-plots, --max-steps)
+    assert not re.findall(r"--[a-z0-9]+-[a-z0-9-]+", shown)
+    assert re.search(r"--no_plots\s+same as --plots false\n", shown)
     parser = make_parser()
     for option, field, value in switches:
         assert re.search(rf"{option}\b", shown), option
@@ -381,7 +387,8 @@ def test_a_broken_parquet_file_is_one_line(tmp_path, capfd, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Found by trying bad input as a new user: each of these was a traceback or was taken silently
+# Found by trying bad input as a new user: each of these was a traceback, was taken silently, or was refused
+# with a misleading message
 # ---------------------------------------------------------------------------------------------
 
 
@@ -450,6 +457,8 @@ EVAL = ["eval", "--model", "tiny", "--n", "1", "--ks", "1", "--limit", "1", "--m
     (["train", "--config", "smoke", "--output_dir", "o", "--seed", "-1"],
      r"seed=-1 \(from the command line\); valid: an integer >= 0 and <= 4294967295"),
     (["train", "--config", "--output_dir", "o"], r"--config needs a recipe file or name"),
+    (["train", "--config", "smoke", "--output_dir", "o", "--model", ""], r"model is empty"),
+    (MATH + ["missing.parquet"], r"dataset file 'missing.parquet' does not exist"),
 ])
 def test_found_by_trying(files, capsys, argv, message):
     line = fails(capsys, argv)

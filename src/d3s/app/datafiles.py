@@ -27,13 +27,14 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 class NotUtf8(ValueError):
-    """Bytes of the file `path` that are not UTF-8 text, at `line` (1-based), `offset` (byte `byte`)."""
+    """Bytes of the file `path` that are not UTF-8 text, at `line` (1-based), `offset` (byte `byte`); `where` says
+    so without the file's name."""
 
     def __init__(self, path: str | Path, line: int, offset: int, byte: int) -> None:
         self.path, self.line, self.offset, self.byte = Path(path), line, offset, byte
         hint = " (it looks like UTF-16)" if byte in (0xFE, 0xFF) and offset < 2 else ""
-        super().__init__(f"{path} line {line}: not UTF-8 text (byte {byte:#04x} at offset {offset}){hint}; d3s reads "
-                         "text files as UTF-8: save it as UTF-8")
+        self.where = f"line {line}: not UTF-8 text (byte {byte:#04x} at offset {offset}){hint}"
+        super().__init__(f"{path} {self.where}; d3s reads text files as UTF-8: save it as UTF-8")
 
 
 class BadJsonLine(ValueError):

@@ -14,6 +14,7 @@ with a one-line error naming them.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import math
@@ -86,6 +87,8 @@ class RunArgs:
     plots: bool = field(default=True, metadata={"help": "Write PNG plots of the run at the end."})
 
     def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise RecipeError("model is empty; give a checkpoint folder, a hub model name, 'embedded' or 'tiny'")
         if self.task not in ("arith", "math"):
             raise RecipeError(f"task={self.task!r}; valid: 'arith', 'math'")
         if self.task == "math" and not self.dataset:
@@ -259,11 +262,21 @@ def _command_line_fields(argv: Sequence[str], parser) -> list[str]:
 
 
 def make_parser():
+    """The `d3s train` parser: transformers' `HfArgumentParser` over `RunArgs` and `D3SConfig`, with one spelling
+    per option as every d3s command (`d3s.app.options`): the kebab-case twins it adds (`--max-steps`,
+    `--no-plots`) are taken out of the parser and its `--help`, and `--no_flag` is described as what it does."""
     from transformers import HfArgumentParser
 
     from d3s.integrations.trl import D3SConfig
 
-    return HfArgumentParser((RunArgs, D3SConfig), prog="d3s train")
+    parser = HfArgumentParser((RunArgs, D3SConfig), prog="d3s train")
+    for action in parser._actions:
+        for option in [s for s in action.option_strings if s.startswith("--") and "-" in s[2:]]:
+            action.option_strings.remove(option)
+            del parser._option_string_actions[option]
+        if action.nargs == 0 and action.const is False:  # --no_flag (store_false); its field's default is --flag's
+            action.help, action.default = f"same as --{action.dest} false", argparse.SUPPRESS
+    return parser
 
 
 def _device_defaults() -> dict[str, Any]:

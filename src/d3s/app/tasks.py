@@ -352,7 +352,7 @@ def load_math_rows(config: MathTaskConfig) -> list[dict]:
     naming the file, the line and the column."""
     fields = {"question_field": config.question_field, "answer_field": config.answer_field}
     path = Path(config.dataset).expanduser()
-    if path.suffix in (".json", ".jsonl") or path.is_file():
+    if path.suffix in (".json", ".jsonl", ".parquet") or path.is_file():
         if not path.is_file():
             raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
         numbered, where = _file_rows(path)

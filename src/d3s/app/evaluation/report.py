@@ -37,8 +37,8 @@ def load_results(path: str | Path) -> dict[str, Any]:
         raise BenchmarkError(f"results file {path} does not exist; {EXPECTED}")
     try:
         data = json_document(read_text(path))
-    except NotUtf8 as e:
-        raise BenchmarkError(f"{e}; {EXPECTED}") from None
+    except NotUtf8 as e:  # d3s eval writes UTF-8: this is another kind of file
+        raise BenchmarkError(f"{path} is not a d3s eval results file ({e.where}); {EXPECTED}") from None
     except BadJsonLine as e:
         raise BenchmarkError(f"{path} is not a d3s eval results file (line {e.line}: not valid JSON, {e.msg}); "
                              f"{EXPECTED}") from None
