@@ -241,11 +241,9 @@ def _take_config(argv: list[str]) -> tuple[list[str], str]:
 
 
 def _command_line_fields(argv: Sequence[str], parser) -> list[str]:
-    """The fields that `argv`'s options set (`--no_plots` sets `plots`); an option `parser` does not spell this
-    way (`--no-plots`, `--learning-rate`: transformers' other spelling, which `--help` does not show) is a
-    RecipeError naming the one it does."""
-    options = {s[2:]: a.dest for a in parser._actions for s in a.option_strings
-               if s.startswith("--") and "-" not in s[2:] and s != "--help"}
+    """The fields that `argv`'s options set (`--no_plots` sets `plots`); an option `parser` does not have, another
+    spelling (`--no-plots`) included, is a RecipeError naming the closest one it has."""
+    options = {s[2:]: a.dest for a in parser._actions for s in a.option_strings if s.startswith("--")}
     fields = []
     for arg in argv:
         if not arg.startswith("--"):
