@@ -129,8 +129,8 @@ def test_overrides_and_precedence():
         ("model: tiny\nlr_scheduler_type: wiggly\n", [], r"field 'lr_scheduler_type' is 'wiggly'; valid: linear"),
         ("model: [tiny]\n", [], r"field 'model' is \['tiny'\]; expected a string"),
         # a bad flag value: one line too
-        ("model: tiny\n", ["--learning_rate", "abc"], r"argument --learning_rate/--learning-rate: invalid float value: 'abc'"),
-        ("model: tiny\n", ["--max_steps"], r"argument --max_steps/--max-steps: expected one argument"),
+        ("model: tiny\n", ["--learning_rate", "abc"], r"argument --learning_rate: invalid float value: 'abc'"),
+        ("model: tiny\n", ["--max_steps"], r"argument --max_steps: expected one argument"),
         ("model: tiny\n", ["--task_min_terms", "3"], r"task_min_terms=3, task_max_terms=2"),
         ("model: tiny\n", ["--task_heldout_seed", "1"], r"task_train_seed=1 equals task_heldout_seed=1"),
     ],

@@ -64,7 +64,7 @@ def test_data_dir_finds_files_by_name_and_alias(tmp_path):
     (tmp_path / "MATH-500" / "test.jsonl").write_text((FIXTURES / "math500/test.jsonl").read_text())
     assert golds(load_benchmark("minerva", data_dir=tmp_path)) == ["0.49", "\\frac{1}{2}"]
     assert len(load_benchmark("math", data_dir=tmp_path)) == 2  # alias + hub repo basename
-    with pytest.raises(BenchmarkError, match="gsm8k: nothing found in --data-dir"):
+    with pytest.raises(BenchmarkError, match="gsm8k: nothing found in --data_dir"):
         load_benchmark("gsm8k", data_dir=tmp_path)
 
 
@@ -155,7 +155,7 @@ def test_unreachable_hub_fails_fast_with_hint(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: refused at once
     start = time.monotonic()
-    with pytest.raises(BenchmarkError, match=r"hub is unreachable.*--data-dir"):
+    with pytest.raises(BenchmarkError, match=r"hub is unreachable.*--data_dir"):
         load_benchmark("gsm8k")
     assert time.monotonic() - start < 10
 
@@ -194,5 +194,5 @@ def test_hub_path_asks_for_the_published_config_and_split(monkeypatch):
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", failing_load_dataset)
-    with pytest.raises(BenchmarkError, match=r"could not load openai/gsm8k.*--data-dir"):
+    with pytest.raises(BenchmarkError, match=r"could not load openai/gsm8k.*--data_dir"):
         load_benchmark("gsm8k")

@@ -60,7 +60,7 @@ def test_a_file_that_is_not_utf8_is_one_line(tiny_model, tmp_path, capsys):
     path.write_bytes(b'{"question": "ok", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "#### 2"}\n')
     assert main(["eval", "--model", str(tiny_model), "--benchmarks", f"gsm8k={path}", "--n", "1", "--ks", "1",
                  "--output_dir", str(tmp_path / "o"), "--no_progress"]) == 2
-    assert f"{path}:2: not UTF-8 text (byte 0xe9" in one_line_error(capsys)
+    assert f"{path} line 2: not UTF-8 text (byte 0xe9 at offset 56); d3s reads text files as UTF-8" in one_line_error(capsys)
 
 
 def test_chat_on_without_a_chat_template_is_one_line(tiny_model, tiny_gsm8k, tmp_path, capsys):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 from d3s.app.compare import cmd_compare
@@ -49,6 +50,11 @@ class EvalTableArgs:
     ks: tuple[int, ...] = field(default=(1, 8), metadata={"help": "pass@k values in each cell, as in Table 1"})
     output: str | None = field(default=None, metadata={
         "help": "also write the table to this file (a file, not a folder)"})
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.ks if k < 1]
+        if bad:
+            raise UsageError(f"--ks {','.join(map(str, self.ks))}: every k must be >= 1 (and <= each file's n)")
 
 
 def eval_parser():
@@ -84,12 +90,18 @@ def cmd_eval_table(argv: Sequence[str]) -> int:
         description="Render d3s eval results files (or their folders) as one markdown table laid out like the "
         "paper's Table 1, one row per file.",
     )
+    output = Path(args.output).expanduser() if args.output else None
+    if output is not None and (output.is_dir() or not output.parent.is_dir()):
+        problem = "is a folder" if output.is_dir() else f"is in {str(output.parent)!r}, which is not a folder"
+        raise UsageError(f"--output {args.output!r} {problem}; give a file path in an existing folder")
     results = [load_results(path) for path in args.results]
     table = render_table(results, labels=args.labels, ks=args.ks)
     print(table, end="")
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(table)
+    if output is not None:
+        try:
+            output.write_text(table, encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"--output {args.output!r} cannot be written ({err.strerror})") from None
     return 0
 
 

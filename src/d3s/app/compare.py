@@ -20,6 +20,7 @@ comparison.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -53,6 +54,15 @@ class CompareArgs:
         "help": "what each finished run keeps of its checkpoints: 'model' the final model without optimizer and "
                 "RNG states, 'none' nothing, 'all' everything (a full checkpoint of a 135M model with Adam is about "
                 "1.6 GB)"})
+
+    def __post_init__(self) -> None:
+        for name, values in (("variants", self.variants), ("seeds", self.seeds)):
+            twice = sorted({str(v) for v in values if values.count(v) > 1})
+            if twice:
+                raise RecipeError(f"--{name} lists {', '.join(twice)} more than once; each run is trained once")
+        bad = [s for s in self.seeds if not 0 <= s < 2**32]
+        if bad:
+            raise RecipeError(f"--seeds {','.join(map(str, bad))}: a seed is an integer in [0, 2**32 - 1]")
 
 
 def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep_checkpoints: str = "all") -> Path:
@@ -132,6 +142,11 @@ def cmd_compare(argv: Sequence[str]) -> int:
         "overlaid curves and a summary table. Other options are d3s train fields (see d3s train --help).",
     )
     variants, seeds = list(args.variants), list(args.seeds)
+    own = {f.name for f in dataclasses.fields(CompareArgs)}
+    for arg in train_argv:  # another spelling of compare's own options would reach d3s train as unknown there
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        if "-" in name and name.replace("-", "_") in own:
+            raise RecipeError(f"unknown option --{name}; did you mean --{name.replace('-', '_')}?")
     for bad in ("--variant", "--seed", "--output_dir", "--resume"):
         if bad in train_argv:
             raise RecipeError(f"{bad} is set by d3s compare for each run; remove it")

@@ -1,15 +1,24 @@
-"""Reading the data files of the `d3s` command: one JSON parser, one reader of question/answer files.
+"""Reading the files the user hands to the `d3s` command: one text reader, one JSON parser, one reader of
+question/answer files.
+
+`read_text` is the one way a text file from the user is decoded: recipes (`d3s train --config`), datasets,
+local benchmark copies, `d3s eval-table`'s results files. It takes UTF-8 (a leading byte-order mark is
+dropped) and anything else is one `NotUtf8` error naming the file, the line and the byte.
 
 `read_rows` reads the rows of a local data file (JSON, JSON lines, parquet): the datasets of
 `d3s train --task math --dataset FILE` and the local benchmark copies of `d3s eval`. The evaluation
-cache is read with `json_lines`. Errors say where (`NotUtf8`, `BadJsonLine`: the line; `DataFileError`:
-what is wrong with the file); each caller turns them into its own one-line message, which names its
-file and option.
+cache is read with `json_lines`. Errors say where (`NotUtf8`: the file, line and byte; `BadJsonLine`: the
+line; `DataFileError`: what is wrong with the file); a caller raises its own error type with `NotUtf8`'s
+message as it is, and names its file in the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,11 +27,14 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 class NotUtf8(ValueError):
-    """Bytes that are not UTF-8 text, at `line` (1-based), `offset` (byte `byte`)."""
+    """Bytes of the file `path` that are not UTF-8 text, at `line` (1-based), `offset` (byte `byte`); `where` says
+    so without the file's name."""
 
-    def __init__(self, line: int, offset: int, byte: int) -> None:
-        self.line, self.offset, self.byte = line, offset, byte
-        super().__init__(f"line {line}: not UTF-8 text (byte {byte:#04x} at offset {offset}); save the file as UTF-8")
+    def __init__(self, path: str | Path, line: int, offset: int, byte: int) -> None:
+        self.path, self.line, self.offset, self.byte = Path(path), line, offset, byte
+        hint = " (it looks like UTF-16)" if byte in (0xFE, 0xFF) and offset < 2 else ""
+        self.where = f"line {line}: not UTF-8 text (byte {byte:#04x} at offset {offset}){hint}"
+        super().__init__(f"{path} {self.where}; d3s reads text files as UTF-8: save it as UTF-8")
 
 
 class BadJsonLine(ValueError):
@@ -38,31 +50,90 @@ class DataFileError(ValueError):
     document of another shape. The message does not name the file; the caller does."""
 
 
-def utf8_text(raw: bytes) -> str:
-    """`raw` decoded as UTF-8; `NotUtf8` names the first bad byte's line."""
+_BOM = b"\xef\xbb\xbf"
+
+
+def utf8_text(raw: bytes, path: str | Path) -> str:
+    """`raw`, the bytes of the file `path`, decoded as UTF-8 without a leading byte-order mark (editors on
+    Windows write one); `NotUtf8` names the file and the first bad byte's line and offset."""
+    start = len(_BOM) if raw.startswith(_BOM) else 0
     try:
-        return raw.decode("utf-8")
+        return raw[start:].decode("utf-8")
     except UnicodeDecodeError as err:
-        raise NotUtf8(raw[: err.start].count(b"\n") + 1, err.start, raw[err.start]) from None
+        at = start + err.start
+        raise NotUtf8(path, raw[:at].count(b"\n") + 1, at, raw[at]) from None
+
+
+def read_text(path: str | Path) -> str:
+    """The text of a file the user handed in (`utf8_text`); OSError (missing, a folder) as `open` raises it."""
+    return utf8_text(Path(path).read_bytes(), path)
+
+
+class _KeyTwice(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict; a key set twice (which `json` resolves silently, keeping the last) raises."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
+def _twice(key: str) -> str:
+    return f"key {key!r} is set twice in one object"
 
 
 def json_lines(text: str) -> Iterator[tuple[int, Any]]:
-    """`(line number, value)` of each non-blank line; `BadJsonLine` at the first line that is not JSON."""
+    """`(line number, value)` of each non-blank line; `BadJsonLine` at the first line that is not JSON or sets a
+    key twice in one object."""
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
+            yield number, json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as err:
             raise BadJsonLine(number, err.colno, err.msg) from None
+        except _KeyTwice as err:
+            raise BadJsonLine(number, 1, _twice(err.key)) from None
 
 
 def json_document(text: str) -> Any:
-    """A whole-file JSON value; `BadJsonLine` names the line of the error."""
+    """A whole-file JSON value; `BadJsonLine` names the line of the error, or of the start of an object that sets a
+    key twice."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise BadJsonLine(err.lineno, err.colno, err.msg) from None
+    except _KeyTwice as err:
+        line, column = _object_start(text)
+        raise BadJsonLine(line, column, _twice(err.key)) from None
+
+
+def _object_start(text: str) -> tuple[int, int]:
+    """`(line, column)` of the `{` of the first object that sets a key twice: `text` parsed again with the
+    pure-Python scanner, whose object parser is given the position (the fast one is not)."""
+    import json.decoder
+    import json.scanner
+
+    decoder = json.JSONDecoder()
+    where: list[int] = []
+
+    def parse_object(s_and_end, strict, scan_once, object_hook, object_pairs_hook, memo=None):
+        pairs, stop = json.decoder.JSONObject(s_and_end, strict, scan_once, None, list, memo)
+        keys = [k for k, _ in pairs]
+        if not where and len(set(keys)) != len(keys):
+            where.append(s_and_end[1] - 1)
+        return dict(pairs), stop
+
+    decoder.parse_object = parse_object
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    decoder.decode(text)
+    at = where[0] if where else 0
+    return text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
 
 
 def _is_json_lines(text: str) -> bool:
@@ -102,7 +173,7 @@ def read_rows(path: Path) -> list[tuple[int, Any]]:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".json", ".jsonl"):
-        text = utf8_text(path.read_bytes())
+        text = read_text(path)
         if suffix == ".jsonl" or _is_json_lines(text):
             return list(json_lines(text))
         return [(0, row) for row in _document_rows(json_document(text))]
@@ -112,7 +183,37 @@ def read_rows(path: Path) -> list[tuple[int, Any]]:
         except ImportError as err:
             raise ImportError("reading parquet needs pyarrow: pip install pyarrow") from err
         try:
-            return [(0, row) for row in pq.read_table(path).to_pylist()]
+            with _stderr_held() as held:
+                table = pq.read_table(path)
         except Exception as err:  # noqa: BLE001 - pyarrow raises many kinds for a broken file
-            raise DataFileError(f"not a readable parquet file ({type(err).__name__})") from None
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise DataFileError(f"not a readable parquet file ({first})") from None
+        sys.stderr.write(held.text)  # a file that reads: what the library said is kept
+        return [(0, row) for row in table.to_pylist()]
     raise DataFileError(f"unsupported file type {suffix!r}; use one of {', '.join(SUFFIXES)}")
+
+
+class _Held:
+    text = ""
+
+
+@contextlib.contextmanager
+def _stderr_held() -> Iterator[_Held]:
+    """What is written to the standard error (file descriptor 2, where pyarrow's C++ code logs) inside the
+    block, held back in `.text`: a broken file then shows one error line, not a library's log line above it."""
+    held = _Held()
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no standard error to hold back
+        yield held
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield held
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            held.text = sink.read().decode("utf-8", errors="replace")

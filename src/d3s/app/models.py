@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from d3s.app.errors import ModelLoadError
 from d3s.app.runfolder import publish_folder
 
 if TYPE_CHECKING:
@@ -189,6 +190,50 @@ def is_missing_local_model(name: str) -> bool:
     unlike a hub name `org/model`) and no such folder exists."""
     looks_local = name.startswith(("/", ".", "~")) or name.count("/") > 1
     return looks_local and not Path(name).expanduser().exists()
+
+
+def load_pretrained(name: str, **kwargs: Any) -> tuple[Any, Any]:
+    """`(model, tokenizer)` of a checkpoint folder or hub name, the model through
+    `AutoModelForCausalLM.from_pretrained(name, **kwargs)`; what cannot be loaded is one ModelLoadError line.
+
+    No pickled code ever runs: weights saved as a pickle (`pytorch_model.bin`) load only through torch's safe
+    loader, which takes tensors and plain containers; one holding other objects is refused here in one line
+    naming the model, instead of torch's page about `weights_only`."""
+    import pickle
+
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as err:
+        raise ImportError(f"loading a model needs transformers: pip install 'd3s[train]' ({err})") from err
+
+    folder = Path(name).expanduser()
+    if is_missing_local_model(name):
+        raise ModelLoadError(f"model folder {name!r} does not exist")
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise ModelLoadError(f"model folder {name!r} has no config.json; give a folder written by save_pretrained "
+                             "(config, tokenizer and weights) or a hub model name")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except pickle.UnpicklingError:
+        raise ModelLoadError(_pickled_weights(name, "hold objects other than tensors")) from None
+    except OSError as err:  # not found on the hub or in its cache, no weights in the folder
+        where = "local folder" if folder.exists() else "local folder or hub model"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"could not load model {name!r} as a {where}: {first}") from None
+    except ValueError as err:  # transformers refuses every pickle under torch < 2.6 (its safe loader is not safe)
+        if "torch.load" not in str(err):
+            raise
+        raise ModelLoadError(_pickled_weights(name, "need torch >= 2.6 to be read safely")) from None
+    return model, tokenizer
+
+
+def _pickled_weights(name: str, why: str) -> str:
+    folder = Path(name).expanduser()
+    files = sorted(p.name for p in folder.glob("*.bin")) if folder.is_dir() else []
+    shown = ", ".join(files[:2]) + (", ..." if len(files) > 2 else "") if files else "pytorch_model.bin"
+    return (f"model {name!r}: its pickled weights ({shown}) {why}, so they are not loaded (unpickling them could "
+            "run code); convert them to safetensors where you trust the file, or use a model saved as safetensors")
 
 
 def resolve_model(name: str, seed: int = 0) -> str:

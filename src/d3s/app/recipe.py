@@ -14,6 +14,7 @@ with a one-line error naming them.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import math
@@ -24,6 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
+from d3s.app.datafiles import NotUtf8, read_text
 from d3s.app.errors import RecipeError, SettingsError
 from d3s.app.tasks import ArithmeticTaskConfig, MathTaskConfig, TaskConfig
 
@@ -85,6 +87,8 @@ class RunArgs:
     plots: bool = field(default=True, metadata={"help": "Write PNG plots of the run at the end."})
 
     def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise RecipeError("model is empty; give a checkpoint folder, a hub model name, 'embedded' or 'tiny'")
         if self.task not in ("arith", "math"):
             raise RecipeError(f"task={self.task!r}; valid: 'arith', 'math'")
         if self.task == "math" and not self.dataset:
@@ -130,6 +134,8 @@ def recipe_path(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
+    if path.is_dir():
+        raise RecipeError(f"recipe {name_or_path!r} is a folder; give a YAML file or a shipped recipe's name")
     shipped = RECIPES_DIR / f"{name_or_path}.yaml"
     if shipped.is_file():
         return shipped
@@ -137,12 +143,52 @@ def recipe_path(name_or_path: str) -> Path:
     raise RecipeError(f"recipe {name_or_path!r} is neither a file nor a shipped recipe ({names})")
 
 
+class DuplicateKey(ValueError):
+    """A YAML mapping that sets `key` twice: on line `first` and again on line `line` (1-based)."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        self.key, self.line, self.first = key, line, first
+        super().__init__(f"line {line}: {key!r} is set twice (first on line {first}); keep one")
+
+
+def _yaml_loader():
+    """PyYAML's safe loader (plain data only: no tag constructs an object) that refuses a mapping setting a key
+    twice, which plain YAML loading resolves silently by keeping the last value."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: overriding it is the point
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        hash(key)
+                    except TypeError:  # an unhashable key: the safe loader refuses it itself
+                        continue
+                    if key in seen:
+                        raise DuplicateKey(key, line, seen[key])
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def load_recipe(name_or_path: str) -> dict[str, Any]:
+    """The mapping of a recipe file, read with `d3s.app.datafiles.read_text` (UTF-8) and a safe YAML loader
+    that refuses a field set twice; every problem is a `RecipeError` naming the file and the line."""
     import yaml
 
     path = recipe_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(read_text(path), Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except NotUtf8 as err:
+        raise RecipeError(str(err)) from None
+    except DuplicateKey as err:
+        raise RecipeError(f"{path} {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -151,6 +197,9 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping of field: value, got {type(data).__name__}")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise RecipeError(f"{path}: {bad[0]!r} is not a field name; a recipe maps field names to values")
     return data
 
 
@@ -163,18 +212,69 @@ def _field_names() -> dict[str, type]:
 def _check_known(keys: Sequence[str], where: str) -> None:
     known = _field_names()
     for key in keys:
+        if key == "config":
+            raise RecipeError(f"'config' in {where} is not a field; a recipe is given on the command line "
+                              "(--config RECIPE) and does not name another")
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise RecipeError(f"unknown field {key!r} in {where}{hint} (`d3s train --help` lists every field)")
 
 
+def _take_config(argv: list[str]) -> tuple[list[str], str]:
+    """`(argv without it, the recipe)` of `--config RECIPE` or `--config=RECIPE`, given at most once."""
+    at = [i for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")]
+    if not at:
+        return argv, DEFAULT_RECIPE
+    if len(at) > 1:
+        raise RecipeError("--config is given twice; give one recipe (override its fields with --field value)")
+    i = at[0]
+    if argv[i].startswith("--config="):
+        name, end = argv[i].split("=", 1)[1], i + 1
+    elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+        name, end = argv[i + 1], i + 2
+    else:
+        raise RecipeError("--config needs a recipe file or name")
+    if not name:
+        raise RecipeError("--config needs a recipe file or name")
+    return argv[:i] + argv[end:], name
+
+
+def _command_line_fields(argv: Sequence[str], parser) -> list[str]:
+    """The fields that `argv`'s options set (`--no_plots` sets `plots`); an option `parser` does not have, another
+    spelling (`--no-plots`) included, is a RecipeError naming the closest one it has."""
+    options = {s[2:]: a.dest for a in parser._actions for s in a.option_strings if s.startswith("--")}
+    fields = []
+    for arg in argv:
+        if not arg.startswith("--"):
+            continue
+        name = arg[2:].split("=", 1)[0]
+        if name not in options:
+            close = [name.replace("-", "_")] if name.replace("-", "_") in options else \
+                difflib.get_close_matches(name, list(options), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise RecipeError(f"unknown field {name!r} in the command line{hint} (`d3s train --help` lists every "
+                              "field)")
+        fields.append(options[name])
+    return fields
+
+
 def make_parser():
+    """The `d3s train` parser: transformers' `HfArgumentParser` over `RunArgs` and `D3SConfig`, with one spelling
+    per option as every d3s command (`d3s.app.options`): the kebab-case twins it adds (`--max-steps`,
+    `--no-plots`) are taken out of the parser and its `--help`, and `--no_flag` is described as what it does."""
     from transformers import HfArgumentParser
 
     from d3s.integrations.trl import D3SConfig
 
-    return HfArgumentParser((RunArgs, D3SConfig), prog="d3s train")
+    parser = HfArgumentParser((RunArgs, D3SConfig), prog="d3s train")
+    for action in parser._actions:
+        for option in [s for s in action.option_strings if s.startswith("--") and "-" in s[2:]]:
+            action.option_strings.remove(option)
+            del parser._option_string_actions[option]
+        if action.nargs == 0 and action.const is False:  # --no_flag (store_false); its field's default is --flag's
+            action.help, action.default = f"same as --{action.dest} false", argparse.SUPPRESS
+    return parser
 
 
 def _device_defaults() -> dict[str, Any]:
@@ -213,8 +313,12 @@ def _coerce_recipe_value(key: str, value: Any, action, type_text: str, where: st
     from transformers.hf_argparser import string_to_bool
 
     convert = action.type
-    if value is None or convert is None:
+    if convert is None:
         return value
+    if value is None:  # `field:` or `field: null` in YAML
+        if action.default is None or "None" in type_text or "Optional" in type_text:
+            return None
+        raise RecipeError(f"{where}: field {key!r} is empty (null); expected {_kind(convert)}")
     if isinstance(value, (list, tuple, dict)):
         if "list" in type_text or "dict" in type_text or action.nargs in ("+", "*"):
             return value
@@ -249,6 +353,7 @@ def _coerce_recipe_value(key: str, value: Any, action, type_text: str, where: st
 # Trainer settings whose bad values would otherwise fail deep inside TRL or torch (a ZeroDivisionError, a
 # traceback at step 0): `(name, lowest, highest, lowest allowed?)`; None = unbounded.
 _NUMBER_RULES: tuple[tuple[str, float | None, float | None, bool], ...] = (
+    ("seed", 0, 2**32 - 1, True),
     ("num_generations", 2, None, True),
     ("per_device_train_batch_size", 1, None, True),
     ("gradient_accumulation_steps", 1, None, True),
@@ -298,20 +403,11 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
     """
     from d3s.integrations.trl import D3SConfig
 
-    argv = list(argv)
-    recipe_name = DEFAULT_RECIPE
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv):
-            raise RecipeError("--config needs a recipe file or name")
-        recipe_name = argv[i + 1]
-        del argv[i : i + 2]
+    argv, recipe_name = _take_config(list(argv))
     recipe = load_recipe(recipe_name)
     recipe.pop("env", None)
     where = str(recipe_path(recipe_name))
     _check_known(list(recipe), f"recipe {recipe_name!r}")
-    flags = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--")]
-    _check_known(flags, "the command line")
 
     parser = make_parser()
 
@@ -319,7 +415,11 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
         raise RecipeError(f"{message} (on the command line)")
 
     parser.error = error
-    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    flags = _command_line_fields(argv, parser)
+    actions: dict[str, Any] = {}
+    for action in parser._actions:  # a switch's `--flag`, not its `--no_flag` (which converts nothing)
+        if action.option_strings:
+            actions.setdefault(action.dest, action)
     types = _field_types()
     recipe = {k: _coerce_recipe_value(k, v, actions[k], types.get(k, ""), where) if k in actions else v
               for k, v in recipe.items()}

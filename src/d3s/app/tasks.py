@@ -312,7 +312,9 @@ def _file_rows(path: Path) -> tuple[list[tuple[int, Any]], Where]:
         raise RecipeError(f"dataset file {path} must be .json, .jsonl or .parquet, not {path.suffix or 'no suffix'!r}")
     try:
         numbered = read_rows(path)
-    except (NotUtf8, BadJsonLine) as err:
+    except NotUtf8 as err:
+        raise RecipeError(str(err)) from None
+    except BadJsonLine as err:
         raise RecipeError(f"dataset {path} {err}") from None
     except DataFileError as err:
         raise RecipeError(f"dataset {path}: {err}") from None
@@ -328,6 +330,9 @@ def _hub_rows(config: MathTaskConfig, fields: dict[str, str]) -> tuple[list[tupl
     try:
         ds = load_dataset(config.dataset, split=config.split)
     except (OSError, ConnectionError) as err:
+        if Path(config.dataset).expanduser().is_dir():
+            raise RecipeError(f"dataset folder {config.dataset!r} holds no data file that can be read "
+                              f"({type(err).__name__}); give a .json/.jsonl/.parquet file") from None
         raise FileNotFoundError(
             f"could not load dataset {config.dataset!r} ({type(err).__name__}); without hub access pass a local "
             ".json/.jsonl/.parquet file"
@@ -347,7 +352,7 @@ def load_math_rows(config: MathTaskConfig) -> list[dict]:
     naming the file, the line and the column."""
     fields = {"question_field": config.question_field, "answer_field": config.answer_field}
     path = Path(config.dataset).expanduser()
-    if path.suffix in (".json", ".jsonl") or path.is_file():
+    if path.suffix in (".json", ".jsonl", ".parquet") or path.is_file():
         if not path.is_file():
             raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
         numbered, where = _file_rows(path)
@@ -363,7 +368,7 @@ def load_math_rows(config: MathTaskConfig) -> list[dict]:
                 raise RecipeError(f"{where(number, i)}: no column {column!r} ({name}); the row has "
                                   f"{', '.join(map(str, row)) or 'no columns'}")
             value = row[column]
-            if value is None or isinstance(value, (list, dict)) or not str(value).strip():
+            if value is None or isinstance(value, (bool, list, dict)) or not str(value).strip():
                 raise RecipeError(f"{where(number, i)}: column {column!r} is {value!r}; expected a non-empty "
                                   "string or number")
             values[name] = str(value)

@@ -47,8 +47,8 @@ from typing import Any
 import torch
 
 from d3s.app.errors import RecipeError
-from d3s.app.evaluation.heldout import heldout_accuracy
-from d3s.app.models import cache_dir, is_missing_local_model, resolve_model
+from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
+from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
 from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_defaults
 from d3s.app.runfolder import (
@@ -349,6 +349,7 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     model, tokenizer, model_path = _load_model(run, config)
     task, dataset, prompts_per_step = _training_data(run, config)
     max_new = run.eval_max_new_tokens or config.max_completion_length
+    check_prompts_fit(model, tokenizer, task, run, config)
 
     resume_step = int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None
     run_log = RunLog(out / "metrics.jsonl", resume_step, writer=main_process)
@@ -400,15 +401,12 @@ def _settle_resume(run: RunArgs, config, out: Path, main_process: bool, run_conf
 
 def _load_model(run: RunArgs, config):
     """`(model, tokenizer, model path)`: the run's model in float32, with a pad token."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if is_missing_local_model(run.model):
         raise FileNotFoundError(f"model folder {run.model!r} does not exist")
     model_path = resolve_model(run.model, seed=config.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model, tokenizer = load_pretrained(model_path, dtype=torch.float32)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     return model, tokenizer, model_path
 
 

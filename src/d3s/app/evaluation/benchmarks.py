@@ -243,8 +243,7 @@ def read_file(path: Path) -> list[Any]:
     try:
         return [row for _, row in read_rows(path)]
     except NotUtf8 as e:
-        raise BenchmarkError(f"{path}:{e.line}: not UTF-8 text (byte {e.byte:#04x} at offset {e.offset}); "
-                             "save the file as UTF-8") from None
+        raise BenchmarkError(str(e)) from None
     except BadJsonLine as e:
         raise BenchmarkError(f"{path}:{e.line}: not valid JSON ({e.msg} at column {e.column})") from None
     except DataFileError as e:
@@ -328,11 +327,11 @@ def load_hub(spec: BenchmarkSpec) -> list[Problem]:
     assert spec.hf_path is not None
     hint = (
         f"download it elsewhere (e.g. `hf download {spec.hf_path} --repo-type dataset "
-        f"--local-dir DIR/{spec.name}`) and pass --data-dir DIR"
+        f"--local-dir DIR/{spec.name}`) and pass --data_dir DIR"
     )
     if not _hub_offline() and not hub_reachable():
         raise BenchmarkError(
-            f"{spec.name}: the Hugging Face hub is unreachable and no --data-dir was given; {hint}"
+            f"{spec.name}: the Hugging Face hub is unreachable and no --data_dir was given; {hint}"
         )
     try:
         import datasets
@@ -381,12 +380,12 @@ def load_benchmark(
     if data_dir is not None:
         data_dir = Path(data_dir)
         if not data_dir.is_dir():
-            raise BenchmarkError(f"--data-dir {data_dir} is not a folder")
+            raise BenchmarkError(f"--data_dir {data_dir} is not a folder")
         for candidate in local_candidates(spec, data_dir):
             if candidate.exists():
                 return load_local(spec, candidate)
         tried = ", ".join(p.name for p in local_candidates(spec, data_dir)[:4])
         raise BenchmarkError(
-            f"{spec.name}: nothing found in --data-dir {data_dir} (looked for {tried}, ...)"
+            f"{spec.name}: nothing found in --data_dir {data_dir} (looked for {tried}, ...)"
         )
     return load_hub(spec)

@@ -11,19 +11,14 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Protocol, Sequence
 
-from d3s.app.errors import UsageError
-from d3s.app.models import is_missing_local_model
+from d3s.app.errors import ModelLoadError
+from d3s.app.models import load_pretrained
 
 from .prompts import has_chat_template
 
 Backend = Literal["auto", "transformers", "vllm"]
-
-
-class ModelLoadError(UsageError):
-    """The model could not be found or loaded (a usage error)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +57,10 @@ def _resolve_device(device: str) -> str:
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ModelLoadError(f"--device {device!r} is not a device; valid: auto, cpu, cuda, cuda:1, ...") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"--device {device}, but no CUDA GPU is available; use cpu or auto")
     return device
@@ -84,22 +83,9 @@ class TransformersSampler:
     def __init__(
         self, model: str, *, device: str = "auto", dtype: str = "auto", batch_size: int = 32
     ) -> None:
-        try:
-            import torch  # noqa: F401
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-        except ImportError as e:
-            raise ImportError("d3s eval needs transformers: pip install 'd3s[eval]'") from e
-        if is_missing_local_model(model):
-            raise ModelLoadError(f"model folder {model!r} does not exist")
         self.device = _resolve_device(device)
         torch_dtype = _resolve_dtype(dtype, self.device)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model)
-            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
-        except OSError as e:
-            where = "local folder" if Path(model).exists() else "local folder or hub model"
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ModelLoadError(f"could not load model {model!r} as a {where}: {first}") from e
+        self.model, self.tokenizer = load_pretrained(model, dtype=torch_dtype)
         self.model.to(self.device).eval()
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:

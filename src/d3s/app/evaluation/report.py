@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from d3s.app.datafiles import BadJsonLine, NotUtf8, json_document, read_text
+
 from .aggregate import average_metrics, benchmark_metrics
 from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, BenchmarkError
 
@@ -23,23 +25,25 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+EXPECTED = "eval-table reads the results.json that d3s eval writes (or the folder holding it)"
+
+
 def load_results(path: str | Path) -> dict[str, Any]:
-    """Read a results file written by `d3s eval` (BenchmarkError when it is not one)."""
+    """Read a results file written by `d3s eval` (BenchmarkError when it is not one, saying what is expected)."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
     if not path.is_file():
-        raise BenchmarkError(f"results file {path} does not exist")
+        raise BenchmarkError(f"results file {path} does not exist; {EXPECTED}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise BenchmarkError(f"{path}: not UTF-8 text, not a d3s eval results file") from None
-    except json.JSONDecodeError as e:
-        raise BenchmarkError(
-            f"{path}:{e.lineno}: not valid JSON ({e.msg}; a partly written file?)"
-        ) from None
+        data = json_document(read_text(path))
+    except NotUtf8 as e:  # d3s eval writes UTF-8: this is another kind of file
+        raise BenchmarkError(f"{path} is not a d3s eval results file ({e.where}); {EXPECTED}") from None
+    except BadJsonLine as e:
+        raise BenchmarkError(f"{path} is not a d3s eval results file (line {e.line}: not valid JSON, {e.msg}); "
+                             f"{EXPECTED}") from None
     if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
-        raise BenchmarkError(f"{path}: not a d3s eval results file (format {RESULTS_FORMAT})")
+        raise BenchmarkError(f"{path} is not a d3s eval results file (format {RESULTS_FORMAT}); {EXPECTED}")
     problem = results_problem(data)
     if problem:
         raise BenchmarkError(f"{path}: incomplete d3s eval results file ({problem}); rerun its d3s eval")

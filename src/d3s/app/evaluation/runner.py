@@ -15,6 +15,7 @@ with the same settings skips every cached problem, with different ones it stops 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -105,6 +106,8 @@ class EvalConfig:
     """Filled from `name=PATH` entries of `benchmarks`."""
 
     def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise UsageError("--model is empty; give a checkpoint folder, a hub model name, `embedded` or `tiny`")
         if isinstance(self.benchmarks, str):
             self.benchmarks = tuple(b for b in self.benchmarks.split(",") if b.strip())
         if not self.benchmarks:
@@ -114,6 +117,8 @@ class EvalConfig:
             name, sep, path = entry.partition("=")
             name = resolve_name(name)
             if sep:
+                if not path.strip():
+                    raise UsageError(f"benchmark {entry!r} names no file; write {name}=PATH")
                 if not Path(path).exists():
                     raise UsageError(f"benchmark file {path!r} (for {name}) does not exist")
                 self.benchmark_paths[name] = path
@@ -128,8 +133,8 @@ class EvalConfig:
             raise UsageError(f"k={bad or '(none)'} invalid: every k must be in [1, n={self.n}]")
         if self.max_new_tokens < 1:
             raise UsageError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-        if self.temperature < 0:
-            raise UsageError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not self.temperature >= 0 or math.isinf(self.temperature):
+            raise UsageError(f"temperature={self.temperature} must be a finite number >= 0 (0 = greedy)")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"top_p={self.top_p} must be in (0, 1]")
         if self.top_k < 0:
@@ -159,6 +164,13 @@ class EvalConfig:
         if self.output_dir is None:
             slug = re.sub(r"[^A-Za-z0-9._-]+", "_", self.model.rstrip("/").split("/")[-1])
             self.output_dir = str(Path("eval_results") / (slug or "model"))
+        if not self.output_dir.strip():
+            raise UsageError("--output_dir is empty; give a folder (default: eval_results/<model name>)")
+        out = Path(self.output_dir).expanduser()
+        file = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+        if file is not None:
+            where = "is a file" if file == out else f"is inside {str(file)!r}, a file"
+            raise UsageError(f"--output_dir {self.output_dir!r} {where}; give a folder (new, or a d3s eval's own)")
         if self.label is None:
             self.label = self.model.rstrip("/").split("/")[-1] or self.model
 
@@ -377,8 +389,11 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate, resuming from the output folder's cache; write and return the results dict."""
     problems = load_problems(config)
-    out_dir = Path(config.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(config.output_dir).expanduser()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--output_dir {config.output_dir!r} cannot be made ({err.strerror})") from None
     cache = SampleCache(out_dir / CACHE_NAME, config.fingerprint(), config.overwrite)
 
     todo = {b: [p for p in ps if cache.get(p) is None] for b, ps in problems.items()}
