@@ -54,6 +54,25 @@ def test_a_folder_in_use_by_a_live_run_is_refused_untouched(tmp_path, capsys):
         lock.release()
 
 
+def test_a_run_refused_the_instant_another_takes_the_folder_names_it(tmp_path, capsys, monkeypatch):
+    """The holder writes its pid just after it takes the lock: a run refused in between waits for the pid."""
+    out = tmp_path / "run"
+    lock = claim_folder(out)
+    pread, reads = os.pread, []
+
+    def pread_as_in_the_instant(fd, n, offset):  # the first look finds the lock file still empty
+        reads.append(fd)
+        return b"" if len(reads) == 1 else pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", pread_as_in_the_instant)
+    try:
+        assert train(out) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is in use by another d3s train (pid {os.getpid()} on" in err[0], err
+    finally:
+        lock.release()
+
+
 def test_a_killed_run_does_not_leave_its_folder_locked(tmp_path):
     out = tmp_path / "run"
     code = ("import os, signal, sys; from d3s.app.runfolder import claim_folder; claim_folder(sys.argv[1]); "

@@ -25,6 +25,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -101,8 +102,14 @@ def claim_folder(out: Path) -> RunLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        holder = ""
+        for _ in range(100):  # a run that took the lock this instant writes its pid right after
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            if holder:
+                break
+            time.sleep(0.01)
         os.close(fd)
+        holder = holder or "unknown process"
         raise RunFolderError(
             f"output_dir {str(out)!r} is in use by another d3s train ({holder}); wait for it to end or pick "
             "another --output_dir"
