@@ -12,6 +12,7 @@ thousands (C(4000, 2000) overflows a float64). Avg@n is the plain mean accuracy 
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 
@@ -92,3 +93,77 @@ def population_variance(values: torch.Tensor) -> torch.Tensor:
     if values.numel() == 0:
         return values.new_zeros((), dtype=dtype)
     return values.to(dtype).var(correction=0)
+
+
+def advantage_balance(
+    advantages: torch.Tensor, tokens: torch.Tensor, offered: torch.Tensor
+) -> tuple[float, bool]:
+    """How two-sided the tokens in a loss are (docs/method.md section 7).
+
+    Args:
+        advantages: `(S,)`, `(S, 1)` or `(S, T)` advantages of the rows.
+        tokens: `(S, T)` bool, the tokens in the loss.
+        offered: `(S, T)` bool, the tokens the cut chose from (the valid tokens of the kept rollouts).
+
+    Returns:
+        `(balance, one_sided)`: balance = sum of A over the tokens in the loss / sum of |A| over them, in
+        [-1, 1] (0 when they carry no advantage); one_sided: the offered tokens had both signs of A but
+        the tokens in the loss have one only. Over every token of every group, GRPO's advantages
+        sum to about 0 (exactly, for equal lengths).
+    """
+    _checks.tensor("tokens", tokens, dims=(2,), kind="bool")
+    _checks.tensor("offered", offered, dims=(2,), kind="bool")
+    _checks.tensor("advantages", advantages)
+    S, T = tokens.shape
+    if offered.shape != tokens.shape or advantages.shape not in ((S,), (S, 1), (S, T)):
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)}, tokens {tuple(tokens.shape)} and offered {tuple(offered.shape)} "
+            "must be (S,)/(S, 1)/(S, T), (S, T), (S, T)"
+        )
+    adv = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).double().expand(S, T)  # (S, T)
+    chosen = adv[tokens]  # (n,)
+    mass = float(chosen.abs().sum())
+    balance = float(chosen.sum()) / mass if mass > 0 else 0.0
+    both_offered = bool((adv[offered] > 0).any()) and bool((adv[offered] < 0).any())
+    both_kept = bool((chosen > 0).any()) and bool((chosen < 0).any())
+    return balance, both_offered and not both_kept
+
+
+FEW_TOKENS_PER_ROLLOUT = 2.0
+"""Below this many tokens in the loss per kept rollout (median over steps) the token cut has degenerated."""
+ONE_SIDED_SHARE = 0.25
+"""Above this share of one-sided steps (tokens of one sign of advantage only) the token cut has degenerated."""
+MIN_STEPS_TO_WARN = 3
+
+
+def token_cut_warnings(
+    tokens_per_rollout: list[float], one_sided: list[float], *, k_init: float, k_final: float, token_cut: str = "batch"
+) -> dict[str, str]:
+    """What the token cut's record says is degenerate, each with the setting to change (empty: nothing).
+
+    Returns `{kind: message}`, kinds 'few_tokens' and 'one_sided'.
+
+    Args:
+        tokens_per_rollout: tokens in the loss per kept rollout (`d3s/tokens_per_kept_rollout`) of each step of a
+            run with a token cut.
+        one_sided: `d3s/one_sided` (0/1) of each step so far.
+        k_init, k_final, token_cut: the run's token-cut settings (named in the messages).
+    """
+    if len(tokens_per_rollout) < MIN_STEPS_TO_WARN:
+        return {}
+    found = {}
+    median = statistics.median(tokens_per_rollout)
+    if median < FEW_TOKENS_PER_ROLLOUT:
+        found["few_tokens"] = (
+            f"the token cut leaves {median:.1f} tokens per kept rollout (median of {len(tokens_per_rollout)} steps; "
+            f"K = {k_init:g} -> {k_final:g} of short completions): raise k_init, or set "
+            "min_tokens_per_rollout (e.g. 4) or token_cut='rollout'"
+        )
+    if one_sided:
+        share = sum(v > 0.5 for v in one_sided) / len(one_sided)
+        if share > ONE_SIDED_SHARE and token_cut != "sign":
+            found["one_sided"] = (
+                f"{share:.0%} of steps train on tokens of one sign of advantage only (the kept rollouts had both): "
+                "set token_cut='sign'"
+            )
+    return found

@@ -104,3 +104,46 @@ def generation_progress(
     if total <= 1:
         return 0.0
     return min(max(_checks.as_int("index", index) / (total - 1), 0.0), 1.0)
+
+
+SCHEDULE_CLOCKS = ("steps", "learning_rate")
+"""What training progress p counts (docs/method.md section 9.2): 'steps' (the paper: generation batches),
+'learning_rate' (the share of the learning-rate schedule's total step size already spent)."""
+
+
+def learning_rate_progress(
+    index: int, rates, gradient_accumulation_steps: int, micro_batches_per_generation: int
+) -> float:
+    """Training progress p of generation batch `index`, counted in learning rate instead of steps.
+
+    Generation batch g starts at optimizer step s_g = floor(g * micro_batches_per_generation /
+    gradient_accumulation_steps). With C(s) = rates[0] + ... + rates[s - 1] (the step size spent before
+    step s) and J generation batches, p = C(s_g) / C(s_(J-1)): 0 for the first batch, 1 for the last,
+    and exactly `generation_progress` when the rate is constant and a generation batch is one
+    optimizer step. Under a decaying schedule N and K relax while the steps are still large (cosine
+    over 20 steps: p = 0.5 by step 6 instead of 10). 0 when the rates before the last batch sum to 0.
+
+    Args:
+        index: the generation batch (from 0).
+        rates: the learning rate of every optimizer step of the run, in order (`len(rates)` = max_steps;
+            non-negative numbers).
+        gradient_accumulation_steps, micro_batches_per_generation: as in `generation_progress`.
+    """
+    ga = _checks.as_int("gradient_accumulation_steps", gradient_accumulation_steps, low=1)
+    every = _checks.as_int("micro_batches_per_generation", micro_batches_per_generation, low=1)
+    index = _checks.as_int("index", index, low=0)
+    rates = [_checks.as_float(f"rates[{i}]", r, low=0.0) for i, r in enumerate(rates)]
+    total = math.ceil(len(rates) * ga / every)  # generation batches
+    if total <= 1:
+        return 0.0
+    spent = [0.0]
+    for r in rates:
+        spent.append(spent[-1] + r)  # spent[s] = C(s)
+
+    def start(g: int) -> int:
+        return min(g * every // ga, len(rates))
+
+    whole = spent[start(total - 1)]
+    if whole <= 0.0:
+        return 0.0
+    return min(max(spent[start(min(index, total - 1))] / whole, 0.0), 1.0)

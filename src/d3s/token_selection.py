@@ -159,6 +159,9 @@ def token_mask(
     entropies: torch.Tensor,
     completion_mask: torch.Tensor,
     fraction: float,
+    *,
+    cut: str = "batch",
+    min_per_rollout: int = 0,
 ) -> torch.Tensor:
     """Top-`fraction` tokens by |A| * H over all valid tokens of the batch (paper eq. 8).
 
@@ -167,13 +170,118 @@ def token_mask(
         entropies: `(S, T)` policy entropies.
         completion_mask: `(S, T)` valid-token mask.
         fraction: K, a real number in (0, 1] (not a bool).
+        cut, min_per_rollout: where the cut is taken and a floor per rollout (`select_tokens`);
+            the defaults are the paper's cut.
 
     Returns:
-        bool `(S, T)`: exactly `num_tokens_to_keep(n_valid, fraction)` valid tokens.
+        bool `(S, T)`: with the defaults, exactly `num_tokens_to_keep(n_valid, fraction)` valid tokens.
 
     Raises:
-        ValueError: naming the argument, as `token_scores` and `num_tokens_to_keep` do.
+        ValueError: naming the argument, as `token_scores`, `num_tokens_to_keep` and `select_tokens` do.
     """
     scores = token_scores(advantages, entropies, completion_mask)  # (S, T)
-    n_valid = int(completion_mask.bool().sum())
-    return top_tokens_mask(scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
+    if cut == "batch" and not min_per_rollout:
+        n_valid = int(completion_mask.bool().sum())
+        return top_tokens_mask(scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
+    return select_tokens(scores, fraction, advantages=advantages, cut=cut, min_per_rollout=min_per_rollout)
+
+
+# -- Options beyond the paper (docs/method.md section 9.2): where the cut is taken, and a floor -------------
+
+TOKEN_CUTS = ("batch", "sign", "rollout")
+"""Where the top-K cut is taken: 'batch' (the paper: one threshold over every valid token), 'sign' (the
+budget split between positive- and negative-advantage tokens in proportion to their counts, one
+threshold within each), 'rollout' (the top ceil(K * n_i) tokens of each rollout)."""
+
+
+def select_tokens(
+    scores: torch.Tensor,
+    fraction: float,
+    *,
+    advantages: torch.Tensor | None = None,
+    cut: str = "batch",
+    min_per_rollout: int = 0,
+) -> torch.Tensor:
+    """The token mask for scores from `token_scores`, with the cut taken where `cut` says, plus a floor.
+
+    - `cut="batch"` (the paper): the top `k = num_tokens_to_keep(n_valid, fraction)` scores overall.
+    - `cut="sign"`: the same `k` split between the valid tokens with A > 0 and those with A < 0 in
+      proportion to their counts (`k_pos = floor(k * n_pos / (n_pos + n_neg) + 1/2)`, at least 1 for a
+      sign that has tokens, capped at its count; the rest to the other sign, capped likewise), and the
+      top scores taken within each sign. Tokens with A = 0 are kept only when no token has a sign
+      (then the batch cut). An update that had both signs to choose from keeps both.
+    - `cut="rollout"`: the top `num_tokens_to_keep(n_i, fraction)` scores of each rollout (row).
+    - `min_per_rollout=m`: on top of the cut, every rollout whose advantage is non-zero keeps its top
+      `min(m, n_i)` tokens.
+
+    Ties are broken by position (lower first), as in `top_tokens_mask`.
+
+    Args:
+        scores: `(S, T)` scores from `token_scores` (-inf on padding).
+        fraction: K in (0, 1].
+        advantages: `(S,)`, `(S, 1)` or `(S, T)`; needed for `cut="sign"` and `min_per_rollout > 0`.
+        cut: one of `TOKEN_CUTS`.
+        min_per_rollout: an integer >= 0.
+
+    Returns:
+        bool `(S, T)`, never a padding token.
+
+    Raises:
+        ValueError: naming the argument, for an unknown cut, a negative or non-integer floor, missing or
+            mis-shaped advantages, or the errors of `top_tokens_mask`.
+    """
+    _checks.tensor("scores", scores, dims=(2,))
+    if cut not in TOKEN_CUTS:
+        raise ValueError(f"cut={cut!r}; valid: {', '.join(map(repr, TOKEN_CUTS))}")
+    min_per_rollout = _checks.as_int("min_per_rollout", min_per_rollout, low=0)
+    valid = scores > -float("inf")  # (S, T)
+    n_valid = int(valid.sum())
+    signs = None
+    if cut == "sign" or min_per_rollout > 0:
+        if advantages is None:
+            raise ValueError(f"cut={cut!r}, min_per_rollout={min_per_rollout} need the advantages")
+        _checks.tensor("advantages", advantages)
+        S, T = scores.shape
+        if advantages.shape not in ((S,), (S, 1), (S, T)):
+            raise ValueError(f"advantages {tuple(advantages.shape)} must be (S,), (S, 1) or (S, T) to match scores {(S, T)}")
+        adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        signs = torch.sign(adv.detach().float()).expand(S, T) * valid  # (S, T) in {-1, 0, 1}, 0 on padding
+    if cut == "batch":
+        keep = top_tokens_mask(scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
+    elif cut == "rollout":
+        fraction = _checks.as_float("fraction", fraction, low=0.0, high=1.0, low_open=True)
+        per_row = [num_tokens_to_keep(int(n), fraction) for n in valid.sum(dim=1).tolist()]
+        keep = _top_per_row(scores, torch.tensor(per_row, dtype=torch.long, device=scores.device))
+    else:
+        keep = _sign_cut(scores, signs, num_tokens_to_keep(n_valid, fraction), n_valid)
+    if min_per_rollout > 0:
+        signal = (signs != 0).any(dim=1)  # (S,) rows whose advantage is non-zero
+        floor = valid.sum(dim=1).clamp(max=min_per_rollout) * signal  # (S,)
+        keep = keep | _top_per_row(scores, floor)
+    return keep
+
+
+def _sign_cut(scores: torch.Tensor, signs: torch.Tensor, k: int, n_valid: int) -> torch.Tensor:
+    """The `k` budget split between the signs of the advantage in proportion to their token counts."""
+    positive, negative = signs > 0, signs < 0  # (S, T)
+    n_pos, n_neg = int(positive.sum()), int(negative.sum())
+    if n_pos + n_neg == 0:
+        return top_tokens_mask(scores, k, n_valid=n_valid)
+    k_pos = (2 * k * n_pos + n_pos + n_neg) // (2 * (n_pos + n_neg))  # floor(k * share + 1/2), in integers
+    k_pos = min(n_pos, max(k_pos, 1 if n_pos else 0))
+    k_neg = min(n_neg, max(k - k_pos, 1 if n_neg else 0))
+    k_pos = min(n_pos, max(k_pos, k - k_neg))  # what the negative side cannot take goes back
+    lowest = -float("inf")
+    return (top_tokens_mask(scores.masked_fill(~positive, lowest), k_pos, n_valid=n_pos)
+            | top_tokens_mask(scores.masked_fill(~negative, lowest), k_neg, n_valid=n_neg))
+
+
+def _top_per_row(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The top `counts[i]` non-padding scores of each row i; ties broken by position (lower first)."""
+    if torch.isnan(scores).any():
+        raise ValueError("scores contain NaN; build them with token_scores, which maps non-finite scores to LOWEST_SCORE")
+    S, T = scores.shape
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices  # (S, T): equal scores keep their order
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(T, device=scores.device).expand(S, T))  # (S, T) place of each token
+    return (rank < counts.unsqueeze(1)) & (scores > -float("inf"))

@@ -493,3 +493,33 @@ def no_signal_share(records: list[dict]) -> float | None:
     steps = [r.get("frac_reward_zero_std") for r in records if r.get("type") == "train"]
     steps = [s for s in steps if s is not None]
     return sum(s >= 1.0 - 1e-9 for s in steps) / len(steps) if steps else None
+
+
+def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_final, token_cut: str,
+                      max_grad_norm: float | None) -> dict[str, Any] | None:
+    """What `summary.json` says of the token cut and the update size: median tokens in the loss per kept rollout,
+    the share of one-sided steps (`d3s/one_sided`), of steps whose gradient norm was clipped (`grad_norm`, logged
+    before clipping, above `max_grad_norm`), and the token cut's warnings (`d3s.metrics.token_cut_warnings`).
+    None without train records."""
+    import statistics
+
+    from d3s.metrics import token_cut_warnings
+
+    train = [r for r in records if r.get("type") == "train"]
+    if not train:
+        return None
+
+    def values(key):
+        return [r[key] for r in train if r.get(key) is not None]
+
+    per_rollout, one_sided, norms = values("d3s/tokens_per_kept_rollout"), values("d3s/one_sided"), values("grad_norm")
+    warnings = {}
+    if token_selection:
+        warnings = token_cut_warnings(per_rollout, one_sided, k_init=k_init, k_final=k_final, token_cut=token_cut)
+    clip = max_grad_norm if max_grad_norm and max_grad_norm > 0 else None
+    return {
+        "tokens_per_kept_rollout": statistics.median(per_rollout) if per_rollout else None,
+        "one_sided_steps": sum(v > 0.5 for v in one_sided) / len(one_sided) if one_sided else None,
+        "clipped_steps": sum(n > clip for n in norms) / len(norms) if norms and clip else None,
+        "warnings": list(warnings.values()),
+    }

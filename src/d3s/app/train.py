@@ -65,6 +65,7 @@ from d3s.app.runfolder import (
     read_run_records,
     read_summary,
     step_seconds,
+    token_cut_summary,
     training_changes,
 )
 from d3s.app.tasks import TaskData, build_task, prompt_messages
@@ -531,6 +532,10 @@ def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | No
         "computed_tokens": last_train.get("computed_tokens"),
         "no_signal_steps": no_signal_share(run_log.records),
         "step_seconds": step_seconds(run_log.records),
+        "token_cut": token_cut_summary(
+            run_log.records, token_selection=bool(config.token_selection), k_init=config.k_init,
+            k_final=config.k_final, token_cut=config.token_cut, max_grad_norm=config.max_grad_norm,
+        ),
         "command_wall_s": time.perf_counter() - started,
         "code_version": version,
         "examples_after": after.get("examples", []),

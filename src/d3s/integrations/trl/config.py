@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 
 from d3s.integrations.trl.compat import GRPOConfig
+from d3s.schedule import SCHEDULE_CLOCKS
+from d3s.token_selection import TOKEN_CUTS
 from d3s.variants import Variant, get_variant, paired, scaled_count
 
 DEFAULT_KL_LOG_EVERY = 5
@@ -73,6 +75,29 @@ class D3SConfig(GRPOConfig):
     )
     allow_tightening: bool = field(
         default=False, metadata=_h("Allow a linear schedule whose final N or K is below the initial one.")
+    )
+    # Options beyond the paper (docs/method.md section 9.2); the defaults are the paper's method
+    token_cut: str = field(
+        default="batch",
+        metadata=_h(
+            "Where the top-K token cut is taken (with token selection): 'batch' (the paper: one threshold over all "
+            "kept tokens), 'sign' (the budget split between positive and negative advantages in proportion to their "
+            "token counts, so an update stays two-sided), 'rollout' (the top K of each kept rollout)."
+        ),
+    )
+    min_tokens_per_rollout: int = field(
+        default=0,
+        metadata=_h(
+            "With token selection: every kept rollout with a non-zero advantage also keeps its top this-many tokens "
+            "(a floor for short completions). 0 (the paper): no floor."
+        ),
+    )
+    schedule_clock: str = field(
+        default="steps",
+        metadata=_h(
+            "What the linear N/K schedule's progress counts: 'steps' (the paper) or 'learning_rate' (the share of the "
+            "learning-rate schedule already spent, so the cuts relax while the steps are still large)."
+        ),
     )
     kl_log_every: int | None = field(
         default=None,
@@ -163,6 +188,13 @@ class D3SConfig(GRPOConfig):
             raise ValueError("token_selection=True needs k_init (the fraction of tokens kept, in (0, 1])")
         elif self.k_final is None:
             self.k_final = self.k_init
+        if self.token_cut not in TOKEN_CUTS:
+            raise ValueError(f"token_cut={self.token_cut!r}; valid: {', '.join(map(repr, TOKEN_CUTS))}")
+        if self.schedule_clock not in SCHEDULE_CLOCKS:
+            raise ValueError(f"schedule_clock={self.schedule_clock!r}; valid: {', '.join(map(repr, SCHEDULE_CLOCKS))}")
+        floor = self.min_tokens_per_rollout
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise ValueError(f"min_tokens_per_rollout={floor!r} must be an integer >= 0 (0: no floor)")
         if self.kl_log_every is None:
             self.kl_log_every = 0 if self.d3s_sharded else DEFAULT_KL_LOG_EVERY
             self._d3s_kl_default = True  # not the user's choice: the trainer may still turn it off (sharding)

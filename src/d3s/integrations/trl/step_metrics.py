@@ -8,13 +8,14 @@ the same collective calls on every rank.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 import torch
 
 from d3s.integrations.trl.compat import REPLACED_TRL_METRICS, nanmax, nanmin
 from d3s.loss import clip_shares
-from d3s.metrics import population_variance, sample_usefulness_rate
+from d3s.metrics import population_variance, sample_usefulness_rate, token_cut_warnings
 
 STEP_TIME_PARTS = ("generation", "selection", "kl_monitor", "forward")
 """Parts of an optimizer step timed directly (`d3s/time/<part>`); `backward` is TRL's `step_time` minus these."""
@@ -69,6 +70,7 @@ def log_selection(
     tokens_in_loss: int,
     padding_rows: int | None = None,
     nonfinite_scores: int | None = None,
+    balance: tuple[float, bool] | None = None,
 ) -> None:
     """The `d3s/*` metrics of one generation batch (all processes), selected or not.
 
@@ -80,6 +82,7 @@ def log_selection(
         valid_per_row: `(B*G,)` loss tokens per rollout.
         padding_rows: zero-weight rows added to deal the kept ones evenly (None: nothing was dealt).
         nonfinite_scores: token scores that were not finite (None: no token cut).
+        balance: `(balance, one_sided)` of the tokens in the loss (`d3s.metrics.advantage_balance`).
     """
     kept = int(kept_mask.sum())
     tokens_generated = float(valid_per_row.sum())
@@ -100,6 +103,61 @@ def log_selection(
     metrics["d3s/empty_completions"].append(float((valid_per_row == 0).sum()))
     if nonfinite_scores is not None:
         metrics["d3s/nonfinite_scores"].append(float(nonfinite_scores))
+    metrics["d3s/tokens_per_kept_rollout"].append(tokens_in_loss / max(kept, 1))
+    if balance is not None:
+        metrics["d3s/advantage_balance"].append(float(balance[0]))
+        metrics["d3s/one_sided"].append(float(balance[1]))
+
+
+def whole_rollout_balance(advantages: torch.Tensor, valid_per_row: torch.Tensor) -> tuple[float, bool]:
+    """`(balance, one_sided)` when every valid token of the trained rollouts is in the loss: sum A_i n_i /
+    sum |A_i| n_i over rollouts i (0 where none carries an advantage); never one-sided."""
+    weighted = advantages.double() * valid_per_row.double()  # (B*G,)
+    mass = float(weighted.abs().sum())
+    return (float(weighted.sum()) / mass if mass > 0 else 0.0), False
+
+
+def learning_rates(args, max_steps: int) -> list[float]:
+    """The learning rate of each of `max_steps` optimizer steps under `args`' scheduler, replayed on a
+    stand-in optimizer as transformers' Trainer builds it (warmup, `lr_scheduler_kwargs`)."""
+    from transformers.optimization import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=args.learning_rate)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(max_steps),
+        num_training_steps=max_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {},
+    )
+    rates = []
+    for _ in range(max_steps):
+        rates.append(float(scheduler.get_last_lr()[0]))
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+class TokenCutDiagnosis:
+    """Watches `d3s/tokens_per_kept_rollout` and `d3s/one_sided`, and says once on stderr (main process) when
+    the token cut degenerates (`token_cut_warnings`)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.tokens_per_rollout: list[float] = []
+        self.one_sided: list[float] = []
+        self.said: set[str] = set()
+
+    def update(self, tokens_per_rollout: float, one_sided: bool, token_selection: bool, main_process: bool = True):
+        if not token_selection:
+            return
+        self.tokens_per_rollout.append(float(tokens_per_rollout))
+        self.one_sided.append(float(one_sided))
+        args = self.args
+        found = token_cut_warnings(self.tokens_per_rollout, self.one_sided, k_init=args.k_init, k_final=args.k_final,
+                                   token_cut=args.token_cut)
+        for kind, message in found.items():
+            if kind not in self.said:  # one warning per kind, the first time it holds
+                self.said.add(kind)
+                if main_process:
+                    print(f"d3s: warning: {message}", file=sys.stderr, flush=True)
 
 
 def log_generated_entropy(accelerator, metrics: dict, entropies, loss_mask, also_as_entropy: bool) -> None:

@@ -41,8 +41,9 @@ from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, gather_rows
 from d3s.integrations.trl.selective_head import add_selective_lm_head, selective_forward
 from d3s.loss import policy_loss
 from d3s.rollout_selection import select_rollouts
-from d3s.schedule import generation_index, generation_progress
-from d3s.token_selection import LOWEST_SCORE, num_tokens_to_keep, token_scores, top_tokens_mask
+from d3s.metrics import advantage_balance
+from d3s.schedule import generation_index, generation_progress, learning_rate_progress
+from d3s.token_selection import LOWEST_SCORE, num_tokens_to_keep, select_tokens, token_scores, top_tokens_mask
 
 
 class D3SGRPOTrainer(GRPOTrainer):
@@ -73,6 +74,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         self._d3s_rewards_per_func: torch.Tensor | None = None  # (B*G, F) of the current generation batch
         self._d3s_timer = step_metrics.StepTimer(self.accelerator.device)
         self._d3s_kl = KLMonitor(self.args.kl_log_every, self.args.kl_log_rollouts)
+        self._d3s_diagnosis = step_metrics.TokenCutDiagnosis(self.args)
         for target in (self.model, self.ref_model):
             if target is not None:
                 add_selective_lm_head(
@@ -103,12 +105,21 @@ class D3SGRPOTrainer(GRPOTrainer):
         `d3s.schedule.generation_progress` of the trainer's counters, so a resumed run continues the
         schedule exactly.
         """
+        every = self.args.steps_per_generation * self.num_iterations
+        if self.args.schedule_clock == "learning_rate":
+            return learning_rate_progress(
+                self.d3s_generation_index(), self._d3s_learning_rates(), self.args.gradient_accumulation_steps, every
+            )
         return generation_progress(
-            self.d3s_generation_index(),
-            self.state.max_steps,
-            self.args.gradient_accumulation_steps,
-            self.args.steps_per_generation * self.num_iterations,
+            self.d3s_generation_index(), self.state.max_steps, self.args.gradient_accumulation_steps, every
         )
+
+    def _d3s_learning_rates(self) -> list[float]:
+        """The learning rate of every optimizer step of the run, from a replay of the run's scheduler."""
+        max_steps = self.state.max_steps
+        if getattr(self, "_d3s_rates", (None, None))[0] != max_steps:
+            self._d3s_rates = (max_steps, step_metrics.learning_rates(self.args, max_steps))
+        return self._d3s_rates[1]
 
     # -- generation and selection -------------------------------------------------------------------
 
@@ -171,6 +182,7 @@ class D3SGRPOTrainer(GRPOTrainer):
                 metrics, progress=progress, n_keep=G, fraction=1.0, num_generations=G, rewards=rewards,
                 trained_advantages=advantages, kept_mask=everything, kept_advantages=trl_advantages,
                 valid_per_row=valid_per_row, tokens_in_loss=n_valid,
+                balance=step_metrics.whole_rollout_balance(advantages, valid_per_row),
             )
             self.d3s_last_selection = {
                 "kept": torch.arange(advantages.numel()),
@@ -210,12 +222,15 @@ class D3SGRPOTrainer(GRPOTrainer):
         n_valid = int(valid_per_row[kept].sum())  # loss tokens of the kept rollouts, all ranks
         n_rows, n_tokens = kept.numel(), n_valid
         entropy_source = n_nonfinite = all_token_mask = None
+        balance = step_metrics.whole_rollout_balance(trained_advantages, valid_per_row)
         if settings.token_selection:
             entropies = batch.pop("d3s_entropies", None)
             entropy_source = "generation"
             if entropies is None:
                 entropies, entropy_source = passes["entropies"], passes["entropy_source"]
-            token_mask, all_token_mask, n_nonfinite = self._d3s_token_mask(batch["advantages"], entropies, mask, fraction)
+            token_mask, all_token_mask, n_nonfinite, balance = self._d3s_token_mask(
+                batch["advantages"], entropies, mask, fraction
+            )
             batch["d3s_token_mask"] = token_mask  # (R, T')
             n_tokens = int(all_token_mask.sum())
             if settings.normalizer == "selected":
@@ -232,7 +247,10 @@ class D3SGRPOTrainer(GRPOTrainer):
             metrics, progress=progress, n_keep=n_keep, fraction=fraction, num_generations=G, rewards=rewards,
             trained_advantages=trained_advantages, kept_mask=kept_mask, kept_advantages=kept_advantages,
             valid_per_row=valid_per_row, tokens_in_loss=n_tokens, padding_rows=slots.numel() - kept.numel(),
-            nonfinite_scores=n_nonfinite,
+            nonfinite_scores=n_nonfinite, balance=balance,
+        )
+        self._d3s_diagnosis.update(
+            n_tokens / max(kept.numel(), 1), balance[1], settings.token_selection, self.accelerator.is_main_process
         )
         self.d3s_last_selection = {
             "kept": kept.cpu(),
@@ -259,17 +277,27 @@ class D3SGRPOTrainer(GRPOTrainer):
     def _d3s_token_mask(self, advantages, entropies, mask, fraction):
         """Top-K% |A| x H over the rows of ALL ranks: one threshold, identical on every rank.
 
-        Returns this rank's `(R, T)` mask, the mask of all ranks `(P*R, T_max)` and the number of
-        non-finite scores (all ranks).
+        With `token_cut` 'sign' or 'rollout' or a `min_tokens_per_rollout` floor, the cut of
+        `d3s.token_selection.select_tokens` on the same gathered scores.
+
+        Returns this rank's `(R, T)` mask, the mask of all ranks `(P*R, T_max)`, the number of
+        non-finite scores (all ranks) and `(balance, one_sided)` of the tokens kept (`d3s.metrics.advantage_balance`).
         """
         scores = token_scores(advantages, entropies.float(), mask)  # (R, T), -inf at padding
         R, T = scores.shape
         all_scores = gather_rows(self.accelerator, scores, -float("inf"), False)  # (P*R, T_max)
-        n_valid = int((all_scores > -float("inf")).sum())
-        all_mask = top_tokens_mask(all_scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
+        all_advantages = gather_rows(self.accelerator, advantages, 0.0, False)  # (P*R,)
+        offered = all_scores > -float("inf")  # (P*R, T_max)
+        n_valid = int(offered.sum())
+        if self.args.token_cut == "batch" and not self.args.min_tokens_per_rollout:  # the paper's cut
+            all_mask = top_tokens_mask(all_scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
+        else:
+            all_mask = select_tokens(all_scores, fraction, advantages=all_advantages, cut=self.args.token_cut,
+                                     min_per_rollout=self.args.min_tokens_per_rollout)
         n_nonfinite = int((all_scores == LOWEST_SCORE).sum())
         rank = self.accelerator.process_index
-        return all_mask[rank * R : (rank + 1) * R, :T], all_mask, n_nonfinite
+        balance = advantage_balance(all_advantages, all_mask, offered)
+        return all_mask[rank * R : (rank + 1) * R, :T], all_mask, n_nonfinite, balance
 
     # -- the KL metric at beta = 0 ------------------------------------------------------------------
 

@@ -1,0 +1,200 @@
+"""The token-cut options beyond the paper (docs/method.md section 9.2) against plain-loop references:
+`token_cut` 'sign' and 'rollout', the `min_per_rollout` floor, the one-sided metric and the learning-rate clock."""
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+import d3s
+from d3s.metrics import advantage_balance, token_cut_warnings
+from d3s.schedule import generation_progress, learning_rate_progress
+from d3s.token_selection import select_tokens, token_scores
+
+INF = float("inf")
+
+
+def ceil_k(fraction, n):
+    return 0 if n == 0 else min(n, max(1, math.ceil(round(fraction * n, 9))))
+
+
+def top(scores, items, k):
+    """The k highest of `items` ((i, t) pairs), ties by flattened position: a plain sort."""
+    T = scores.shape[1]
+    return set(sorted(items, key=lambda it: (-float(scores[it]), it[0] * T + it[1]))[:k])
+
+
+def loop_reference(scores, fraction, adv, cut, floor):
+    S, T = scores.shape
+    a = adv.unsqueeze(1).expand(S, T) if adv.dim() == 1 else adv.expand(S, T)
+    valid = [(i, t) for i in range(S) for t in range(T) if scores[i, t] > -INF]
+    rows = [[(i, t) for (i, t) in valid if i == r] for r in range(S)]
+    keep = set()
+    if cut == "batch":
+        keep = top(scores, valid, ceil_k(fraction, len(valid)))
+    elif cut == "rollout":
+        for row in rows:
+            keep |= top(scores, row, ceil_k(fraction, len(row)))
+    else:
+        pos = [it for it in valid if a[it] > 0]
+        neg = [it for it in valid if a[it] < 0]
+        k = ceil_k(fraction, len(valid))
+        if not pos and not neg:
+            keep = top(scores, valid, k)
+        else:
+            share = Fraction(k * len(pos), len(pos) + len(neg))
+            k_pos = math.floor(share + Fraction(1, 2))
+            k_pos = min(len(pos), max(k_pos, 1 if pos else 0))
+            k_neg = min(len(neg), max(k - k_pos, 1 if neg else 0))
+            k_pos = min(len(pos), max(k_pos, k - k_neg))
+            keep = top(scores, pos, k_pos) | top(scores, neg, k_neg)
+    for r, row in enumerate(rows):
+        if floor and any(a[it] != 0 for it in row):
+            keep |= top(scores, row, min(floor, len(row)))
+    mask = torch.zeros(S, T, dtype=torch.bool)
+    for it in keep:
+        mask[it] = True
+    return mask
+
+
+def random_case(seed):
+    g = torch.Generator().manual_seed(seed)
+    S, T = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 14, (1,), generator=g))
+    lengths = torch.randint(0, T + 1, (S,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    if seed % 3 == 0:  # ties everywhere, zero advantages
+        adv = torch.randint(-1, 2, (S,), generator=g).float()
+        ent = torch.randint(0, 3, (S, T), generator=g).float()
+    elif seed % 3 == 1:  # the 1-correct-of-G shape: one large positive, many small negatives
+        adv = torch.full((S,), -0.25)
+        adv[int(torch.randint(0, S, (1,), generator=g))] = 3.75
+        ent = torch.rand(S, T, generator=g)
+    else:
+        adv = torch.randn(S, generator=g)
+        ent = torch.rand(S, T, generator=g) * 4
+    return adv, ent, mask
+
+
+@pytest.mark.parametrize("cut", ["batch", "sign", "rollout"])
+@pytest.mark.parametrize("floor", [0, 1, 3])
+@pytest.mark.parametrize("seed", range(30))
+def test_select_tokens_matches_a_plain_loop(cut, floor, seed):
+    adv, ent, mask = random_case(seed)
+    fraction = [0.05, 0.1, 0.2, 0.5, 1.0][seed % 5]
+    scores = token_scores(adv, ent, mask)
+    got = select_tokens(scores, fraction, advantages=adv, cut=cut, min_per_rollout=floor)
+    assert torch.equal(got, loop_reference(scores, fraction, adv, cut, floor))
+    assert not (got & ~mask).any()  # never padding
+    assert torch.equal(d3s.token_mask(adv, ent, mask, fraction, cut=cut, min_per_rollout=floor), got)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_paper_cut_is_unchanged(seed):
+    adv, ent, mask = random_case(seed)
+    scores = token_scores(adv, ent, mask)
+    n = int(mask.sum())
+    paper = d3s.top_tokens_mask(scores, d3s.num_tokens_to_keep(n, 0.1), n_valid=n)
+    assert torch.equal(select_tokens(scores, 0.1, cut="batch"), paper)
+    assert torch.equal(d3s.token_mask(adv, ent, mask, 0.1), paper)
+
+
+def test_sign_cut_keeps_both_signs_in_proportion():
+    # One correct rollout of 16 (A = 3.75) against 15 wrong (A = -0.25), 20 tokens each, K = 5%: 16 tokens.
+    adv = torch.tensor([3.75] + [-0.25] * 15)
+    ent = torch.rand(16, 20, generator=torch.Generator().manual_seed(0)) + 0.5
+    mask = torch.ones(16, 20, dtype=torch.bool)
+    batch = d3s.token_mask(adv, ent, mask, 0.05)
+    assert int(batch.sum()) == 16 and batch[1:].sum() == 0  # the paper's cut: all 16 from the one rollout
+    assert advantage_balance(adv, batch, mask) == (1.0, True)
+    sign = d3s.token_mask(adv, ent, mask, 0.05, cut="sign")
+    assert int(sign.sum()) == 16 and int(sign[0].sum()) == 1  # 16 * 20 / 320 = 1 positive token, 15 negative
+    balance, one_sided = advantage_balance(adv, sign, mask)
+    assert not one_sided and balance == pytest.approx((3.75 - 15 * 0.25) / (3.75 + 15 * 0.25))
+
+
+def test_rollout_cut_and_floor_give_every_kept_rollout_tokens():
+    adv = torch.tensor([2.0, -1.0, 0.0, 0.5])
+    ent = torch.ones(4, 10)
+    ent[0] = 10.0
+    mask = torch.ones(4, 10, dtype=torch.bool)
+    assert d3s.token_mask(adv, ent, mask, 0.1).sum(dim=1).tolist() == [4, 0, 0, 0]
+    assert d3s.token_mask(adv, ent, mask, 0.1, cut="rollout").sum(dim=1).tolist() == [1, 1, 1, 1]
+    assert d3s.token_mask(adv, ent, mask, 0.1, min_per_rollout=2).sum(dim=1).tolist() == [4, 2, 0, 2]  # A = 0: no floor
+
+
+def test_select_tokens_refuses_bad_options():
+    scores = token_scores(torch.ones(2), torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="cut='top'.*'batch', 'sign', 'rollout'"):
+        select_tokens(scores, 0.5, cut="top")
+    with pytest.raises(ValueError, match="min_per_rollout"):
+        select_tokens(scores, 0.5, advantages=torch.ones(2), min_per_rollout=-1)
+    with pytest.raises(ValueError, match="need the advantages"):
+        select_tokens(scores, 0.5, cut="sign")
+    with pytest.raises(ValueError, match=r"advantages \(3,\)"):
+        select_tokens(scores, 0.5, advantages=torch.ones(3), cut="sign")
+
+
+def balance_loop(adv, tokens, offered):
+    S, T = tokens.shape
+    total = mass = 0.0
+    signs_kept, signs_offered = set(), set()
+    for i in range(S):
+        for t in range(T):
+            a = float(adv[i])
+            if offered[i, t] and a != 0:
+                signs_offered.add(a > 0)
+            if tokens[i, t]:
+                total, mass = total + a, mass + abs(a)
+                if a != 0:
+                    signs_kept.add(a > 0)
+    return (total / mass if mass else 0.0), (len(signs_offered) == 2 and len(signs_kept) < 2)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_advantage_balance_matches_a_plain_loop(seed):
+    adv, ent, mask = random_case(seed)
+    tokens = d3s.token_mask(adv, ent, mask, 0.1)
+    got = advantage_balance(adv, tokens, mask)
+    want = balance_loop(adv, tokens, mask)
+    assert got[0] == pytest.approx(want[0], abs=1e-12) and got[1] == want[1]
+
+
+def lr_progress_loop(index, rates, ga, every):
+    J = math.ceil(len(rates) * ga / every)
+    if J <= 1:
+        return 0.0
+    start = [min(g * every // ga, len(rates)) for g in range(J)]
+    whole = sum(rates[: start[-1]])
+    return 0.0 if whole <= 0 else min(1.0, sum(rates[: start[min(index, J - 1)]]) / whole)
+
+
+@pytest.mark.parametrize("ga,every", [(1, 1), (2, 2), (2, 1), (1, 2), (4, 2)])
+def test_learning_rate_clock_matches_a_plain_loop(ga, every):
+    steps = 20
+    cosine = [3e-5 * 0.5 * (1 + math.cos(math.pi * s / steps)) for s in range(steps)]
+    J = math.ceil(steps * ga / every)
+    got = [learning_rate_progress(g, cosine, ga, every) for g in range(J)]
+    assert got == pytest.approx([lr_progress_loop(g, cosine, ga, every) for g in range(J)], abs=1e-12)
+    assert got[0] == 0.0 and got[-1] == pytest.approx(1.0) and got == sorted(got)
+    # A constant rate, one optimizer step per generation batch: exactly the paper's clock
+    flat = [1e-5] * steps
+    assert [learning_rate_progress(g, flat, 1, 1) for g in range(steps)] == pytest.approx(
+        [generation_progress(g, steps, 1, 1) for g in range(steps)])
+
+
+def test_learning_rate_clock_runs_ahead_under_cosine():
+    steps = 20
+    cosine = [0.5 * (1 + math.cos(math.pi * s / steps)) for s in range(steps)]
+    p = [learning_rate_progress(g, cosine, 1, 1) for g in range(steps)]
+    assert p[6] > 0.5 > p[5] and p[10] > 0.8  # half the step size is spent by step 6 of 20, 80% by step 10
+
+
+def test_token_cut_warnings_name_the_setting_to_change():
+    assert token_cut_warnings([1.0, 1.5], [1, 1], k_init=0.05, k_final=0.2) == {}  # too early to say
+    found = token_cut_warnings([1.0, 1.5, 3.0], [1, 1, 0], k_init=0.05, k_final=0.2)
+    assert set(found) == {"few_tokens", "one_sided"}
+    assert "1.5 tokens per kept rollout" in found["few_tokens"] and "min_tokens_per_rollout" in found["few_tokens"]
+    assert "67% of steps" in found["one_sided"] and "token_cut='sign'" in found["one_sided"]
+    assert token_cut_warnings([5.0, 6.0, 7.0, 8.0], [0, 0, 0, 1], k_init=0.2, k_final=0.2) == {}  # 25%: not above
+    assert token_cut_warnings([5.0, 6.0, 7.0], [1, 1, 1], k_init=0.2, k_final=0.2, token_cut="sign") == {}
