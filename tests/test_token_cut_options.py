@@ -1,4 +1,4 @@
-"""The token-cut options beyond the paper (docs/method.md section 9.2) against plain-loop references:
+"""The token-cut options beyond the paper (docs/method.md section 9.1) against plain-loop references:
 `token_cut` 'sign' and 'rollout', the `min_per_rollout` floor, the one-sided metric and the learning-rate clock."""
 
 import math
@@ -198,3 +198,52 @@ def test_token_cut_warnings_name_the_setting_to_change():
     assert "67% of steps" in found["one_sided"] and "token_cut='sign'" in found["one_sided"]
     assert token_cut_warnings([5.0, 6.0, 7.0, 8.0], [0, 0, 0, 1], k_init=0.2, k_final=0.2) == {}  # 25%: not above
     assert token_cut_warnings([5.0, 6.0, 7.0], [1, 1, 1], k_init=0.2, k_final=0.2, token_cut="sign") == {}
+
+
+def _records(per_rollout, one_sided, norms):
+    return [{"type": "eval", "step": 0}] + [
+        {"type": "train", "step": i + 1, "d3s/tokens_per_kept_rollout": t, "d3s/one_sided": o, "grad_norm": n}
+        for i, (t, o, n) in enumerate(zip(per_rollout, one_sided, norms))
+    ]
+
+
+def test_summary_json_says_what_the_token_cut_did():
+    from d3s.app.runfolder import token_cut_summary
+
+    records = _records([1.0, 1.5, 3.0, 0.5], [1.0, 1.0, 0.0, 1.0], [24.0, 0.5, 3.0, 0.0])
+    got = token_cut_summary(records, token_selection=True, k_init=0.05, k_final=0.2, token_cut="batch", max_grad_norm=1.0)
+    assert got["tokens_per_kept_rollout"] == 1.25 and got["one_sided_steps"] == 0.75
+    assert got["clipped_steps"] == 0.5  # 2 of 4 logged norms above 1.0 (a norm of 0: no gradient, not clipped)
+    assert len(got["warnings"]) == 2 and "min_tokens_per_rollout" in got["warnings"][0]
+    plain = token_cut_summary(records, token_selection=False, k_init=None, k_final=None, token_cut="batch",
+                              max_grad_norm=0.0)
+    assert plain["warnings"] == [] and plain["clipped_steps"] is None  # no clipping configured
+    assert token_cut_summary([{"type": "eval"}], token_selection=True, k_init=0.1, k_final=0.1, token_cut="batch",
+                             max_grad_norm=1.0) is None
+
+
+def test_the_diagnosis_script_recomputes_a_campaign(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "token_cut_diagnosis.py"
+    spec = importlib.util.spec_from_file_location("token_cut_diagnosis", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for seed, loss in ((1, -3.75), (2, 0.1)):
+        run = tmp_path / f"d2s-seed{seed}"
+        run.mkdir()
+        (run / "run_config.json").write_text(json.dumps({"trainer": {"max_grad_norm": 1.0}}))
+        rows = [{"type": "train", "step": s, "d3s/rollouts_kept": 8, "d3s/tokens_in_loss": 4 + 8 * (s - 1),
+                 "d3s/k_fraction": 0.05 + 0.1 * (s - 1), "d3s/n_keep": 4, "learning_rate": [3.0, 1.0][s - 1],
+                 "loss": loss, "grad_norm": [30.0, 0.5][s - 1], "d3s/one_sided": float(s == 1)} for s in (1, 2)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = module.diagnose(module.runs_in(tmp_path)["d2s"])
+    assert d["runs"] == 2 and d["steps"] == 4
+    assert d["tokens_per_kept_rollout"] == pytest.approx((0.5 + 1.5) / 2) and d["range"] == (0.5, 1.5)
+    assert d["bands"] == {"<=10%": 0.5, "10-15%": 1.5}
+    assert d["fewer_tokens_than_rollouts"] == 50.0 and d["one_sided"] == 50.0 and d["abs_loss_above_1"] == 50.0
+    assert d["clipped"] == 50.0 and d["grad_norm_median"] == pytest.approx(15.25)
+    assert d["k_lr_weighted"] == pytest.approx((3 * 0.05 + 1 * 0.15) / 4) and d["k_mean"] == pytest.approx(0.1)
+    assert "| d2s | 2 | 4 |" in module.table(tmp_path)

@@ -1,4 +1,4 @@
-"""The token-cut options beyond the paper in the trainer (docs/method.md section 9.2): the mask the trainer
+"""The token-cut options beyond the paper in the trainer (docs/method.md section 9.1): the mask the trainer
 trains on is `d3s.token_selection.select_tokens`'s (checked against a plain loop), the selective forward
 still equals the full masked computation, the learning-rate clock moves N and K, and with every option off
 the paper's `d3s` is bit-identical to the trainer that only knows the paper's cut."""

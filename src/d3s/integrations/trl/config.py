@@ -76,7 +76,7 @@ class D3SConfig(GRPOConfig):
     allow_tightening: bool = field(
         default=False, metadata=_h("Allow a linear schedule whose final N or K is below the initial one.")
     )
-    # Options beyond the paper (docs/method.md section 9.2); the defaults are the paper's method
+    # Options beyond the paper (docs/method.md section 9.1); the defaults are the paper's method
     token_cut: str = field(
         default="batch",
         metadata=_h(
