@@ -85,6 +85,7 @@ def main(out_dir: str, micro_batches: int, loss_type: str) -> None:
         per_device_train_batch_size=16 // (world * micro_batches),
         gradient_accumulation_steps=micro_batches,
         callbacks=[dump],
+        **json.loads(os.environ.get("D3S_TEST_OPTIONS", "{}")),
     )
     rank = trainer.accelerator.process_index
     with open(os.path.join(out_dir, f"selection_world{world}_rank{rank}.json"), "w") as f:
