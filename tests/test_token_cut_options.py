@@ -247,3 +247,25 @@ def test_the_diagnosis_script_recomputes_a_campaign(tmp_path):
     assert d["clipped"] == 50.0 and d["grad_norm_median"] == pytest.approx(15.25)
     assert d["k_lr_weighted"] == pytest.approx((3 * 0.05 + 1 * 0.15) / 4) and d["k_mean"] == pytest.approx(0.1)
     assert "| d2s | 2 | 4 |" in module.table(tmp_path)
+
+
+def test_runs_recorded_before_the_options_existed_stay_reusable():
+    from d3s.app.runfolder import training_changes
+
+    old = {"trainer": {"variant": "d3s", "k_init": 0.05}}
+    same = {"trainer": {"variant": "d3s", "k_init": 0.05, "token_cut": "batch", "min_tokens_per_rollout": 0,
+                        "schedule_clock": "steps"}}
+    assert training_changes(old, same) == ([], [])
+    changed, _ = training_changes(old, {"trainer": {**same["trainer"], "token_cut": "sign"}})
+    assert changed == ["token_cut: 'batch' -> 'sign'"]
+
+
+def test_a_variant_carries_the_options_and_validates_them():
+    v = d3s.get_variant("d3s", token_cut="sign", min_tokens_per_rollout=2, schedule_clock="learning_rate")
+    assert (v.token_cut, v.min_tokens_per_rollout, v.schedule_clock) == ("sign", 2, "learning_rate")
+    assert (d3s.VARIANTS["d3s"].token_cut, d3s.VARIANTS["d3s"].min_tokens_per_rollout) == ("batch", 0)  # the paper's
+    for field, value, match in (("token_cut", "top", "token_cut='top'; valid"),
+                                ("min_tokens_per_rollout", True, "min_tokens_per_rollout=True must be an integer"),
+                                ("schedule_clock", "epochs", "schedule_clock='epochs'; valid")):
+        with pytest.raises(ValueError, match=match):
+            d3s.get_variant("d3s", **{field: value})

@@ -25,7 +25,8 @@ from typing import Literal
 
 from d3s.loss import ImportanceSamplingLevel, Normalizer
 from d3s.rollout_selection import SampleSelection
-from d3s.schedule import linear_schedule
+from d3s.schedule import SCHEDULE_CLOCKS, linear_schedule
+from d3s.token_selection import TOKEN_CUTS
 
 Schedule = Literal["constant", "linear"]
 
@@ -62,6 +63,12 @@ class Variant:
     """"token" (GRPO ratio) or "sequence_token" (GSPO-token ratio)."""
     normalizer: Normalizer = "selected"
     """Token-loss divisor: "selected" (kept tokens) or "all" (all valid tokens)."""
+    token_cut: str = "batch"
+    """Where the token cut is taken (docs/method.md section 9.1): "batch" (the paper), "sign", "rollout"."""
+    min_tokens_per_rollout: int = 0
+    """A floor of tokens per kept rollout with a non-zero advantage, on top of the cut (0: none, the paper)."""
+    schedule_clock: str = "steps"
+    """What progress p counts: "steps" (the paper) or "learning_rate" (section 9.1)."""
 
     def __post_init__(self) -> None:
         if self.sample_selection not in ("none", "intra", "cross", "pods"):
@@ -77,6 +84,15 @@ class Variant:
             )
         if self.normalizer not in ("selected", "all"):
             raise ValueError(f"{self.name}: normalizer={self.normalizer!r}; valid: 'selected', 'all'")
+        if self.token_cut not in TOKEN_CUTS:
+            raise ValueError(f"{self.name}: token_cut={self.token_cut!r}; valid: {', '.join(map(repr, TOKEN_CUTS))}")
+        floor = self.min_tokens_per_rollout
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise ValueError(f"{self.name}: min_tokens_per_rollout={floor!r} must be an integer >= 0 (0: no floor)")
+        if self.schedule_clock not in SCHEDULE_CLOCKS:
+            raise ValueError(
+                f"{self.name}: schedule_clock={self.schedule_clock!r}; valid: {', '.join(map(repr, SCHEDULE_CLOCKS))}"
+            )
         G = self.num_generations
         if isinstance(G, bool) or not isinstance(G, int) or G < 2:
             raise ValueError(f"{self.name}: num_generations={G!r} must be an integer >= 2")

@@ -370,6 +370,10 @@ FREE_TRAINER_FIELDS = frozenset({
 # How a run was started, not what it trains: never reported as a change.
 _IGNORED_FIELDS = frozenset({"resume", "resume_from_checkpoint"})
 
+ADDED_TRAINER_FIELDS = {"token_cut": "batch", "min_tokens_per_rollout": 0, "schedule_clock": "steps"}
+"""Trainer fields added after runs were recorded, with the value that trains as those runs did: a run recorded
+before a field existed reads as having it at this value (so committed runs stay reusable)."""
+
 
 def _normal(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
@@ -377,14 +381,16 @@ def _normal(value: Any) -> Any:
 
 def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """Compare two `run_config.json` contents: `(changes that alter training, free changes)`, each as
-    `field: old -> new`. Fields missing on one side are compared against None."""
+    `field: old -> new`. Fields missing on one side are compared against None (a field of
+    `ADDED_TRAINER_FIELDS`: against the value runs had before it existed)."""
     changed, free = [], []
     for section, allowed in (("run", FREE_RUN_FIELDS), ("trainer", FREE_TRAINER_FIELDS)):
         a, b = saved.get(section) or {}, now.get(section) or {}
         for name in sorted(set(a) | set(b)):
             if name.startswith("_") or name in _IGNORED_FIELDS:
                 continue
-            old, new = _normal(a.get(name)), _normal(b.get(name))
+            default = ADDED_TRAINER_FIELDS.get(name) if section == "trainer" else None
+            old, new = _normal(a.get(name, default)), _normal(b.get(name, default))
             if old != new:
                 (free if name in allowed else changed).append(f"{name}: {old!r} -> {new!r}")
     return changed, free

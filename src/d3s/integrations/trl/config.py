@@ -77,26 +77,28 @@ class D3SConfig(GRPOConfig):
         default=False, metadata=_h("Allow a linear schedule whose final N or K is below the initial one.")
     )
     # Options beyond the paper (docs/method.md section 9.1); the defaults are the paper's method
-    token_cut: str = field(
-        default="batch",
+    token_cut: str | None = field(
+        default=None,
         metadata=_h(
             "Where the top-K token cut is taken (with token selection): 'batch' (the paper: one threshold over all "
             "kept tokens), 'sign' (the budget split between positive and negative advantages in proportion to their "
-            "token counts, so an update stays two-sided), 'rollout' (the top K of each kept rollout)."
+            "token counts, so an update stays two-sided), 'rollout' (the top K of each kept rollout). Default: the "
+            "variant's, else 'batch'."
         ),
     )
-    min_tokens_per_rollout: int = field(
-        default=0,
+    min_tokens_per_rollout: int | None = field(
+        default=None,
         metadata=_h(
             "With token selection: every kept rollout with a non-zero advantage also keeps its top this-many tokens "
-            "(a floor for short completions). 0 (the paper): no floor."
+            "(a floor for short completions). Default: the variant's, else 0 (the paper): no floor."
         ),
     )
-    schedule_clock: str = field(
-        default="steps",
+    schedule_clock: str | None = field(
+        default=None,
         metadata=_h(
             "What the linear N/K schedule's progress counts: 'steps' (the paper) or 'learning_rate' (the share of the "
-            "learning-rate schedule already spent, so the cuts relax while the steps are still large)."
+            "learning-rate schedule already spent, so the cuts relax while the steps are still large). Default: the "
+            "variant's, else 'steps'."
         ),
     )
     kl_log_every: int | None = field(
@@ -141,6 +143,9 @@ class D3SConfig(GRPOConfig):
                 "token_selection": v.token_selection,
                 "schedule": v.schedule,
                 "normalizer": v.normalizer,
+                "token_cut": v.token_cut,
+                "min_tokens_per_rollout": v.min_tokens_per_rollout,
+                "schedule_clock": v.schedule_clock,
             }
             for name, value in defaults.items():
                 if getattr(self, name) is None:
@@ -165,6 +170,12 @@ class D3SConfig(GRPOConfig):
             self.schedule = "constant"
         if self.normalizer is None:
             self.normalizer = "selected"
+        if self.token_cut is None:
+            self.token_cut = "batch"
+        if self.min_tokens_per_rollout is None:
+            self.min_tokens_per_rollout = 0
+        if self.schedule_clock is None:
+            self.schedule_clock = "steps"
         if self.sample_selection == "none":
             if self.n_init is not None or self.n_final is not None:
                 raise ValueError(
@@ -266,4 +277,7 @@ class D3SConfig(GRPOConfig):
             allow_tightening=self.allow_tightening,
             importance_sampling_level="sequence_token" if self.importance_sampling_level == "sequence" else "token",
             normalizer=self.normalizer,
+            token_cut=self.token_cut,
+            min_tokens_per_rollout=self.min_tokens_per_rollout,
+            schedule_clock=self.schedule_clock,
         )
