@@ -74,7 +74,7 @@ class PromptHistory:
 
     def streaks(self, keys: torch.Tensor) -> torch.Tensor:
         """`(m,)` int64 the flat streak of each key (0 for a key never seen flat)."""
-        keys = keys.to(torch.int64).cpu()
+        keys = keys.to(torch.int64).cpu().contiguous()
         if len(self) == 0:
             return torch.zeros_like(keys)
         at = torch.searchsorted(self.keys, keys).clamp(max=len(self) - 1)  # (m,)
