@@ -373,7 +373,7 @@ _IGNORED_FIELDS = frozenset({"resume", "resume_from_checkpoint"})
 # Fields added after runs were recorded: a record without one trained as with this value.
 ADDED_FIELDS = {
     "prompt_skip": False, "prompt_skip_explore": 0.5, "prompt_skip_history": 8,
-    "dynamic_sampling": False, "dynamic_sampling_max_rounds": 3,
+    "dynamic_sampling": False, "dynamic_sampling_max_rounds": 3, "task_train_size": 0,
 }
 
 

@@ -418,7 +418,8 @@ def _training_data(run: RunArgs, config):
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     prompts_per_step = config.per_device_train_batch_size * config.steps_per_generation * world // config.num_generations
-    task = build_task(run.task_config(), max(1, config.max_steps) * max(1, prompts_per_step) + 64)
+    size = run.task_train_size or max(1, config.max_steps) * max(1, prompts_per_step) + 64
+    task = build_task(run.task_config(), size)
     dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"], task.instruction), "answer": p["answer"]}
                                  for p in task.train])
     return task, dataset, prompts_per_step
