@@ -518,6 +518,7 @@ def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | No
              started: float, version: str) -> dict[str, Any]:
     """What `summary.json` records of a finished run."""
     last_train = run_log.last("train") or {}
+    generation = generation_summary(run_log.records)
     return {
         "variant": config.variant or "custom",
         "seed": config.seed,
@@ -532,7 +533,8 @@ def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | No
         "generated_tokens": last_train.get("generated_tokens"),
         "computed_tokens": last_train.get("computed_tokens"),
         "no_signal_steps": no_signal_share(run_log.records),
-        "generation": generation_summary(run_log.records),
+        "generation": {k: v for k, v in (generation or {}).items() if k != "generation_s_per_signal_group"} or None,
+        "generation_s_per_signal_group": (generation or {}).get("generation_s_per_signal_group"),
         "step_seconds": step_seconds(run_log.records),
         "command_wall_s": time.perf_counter() - started,
         "code_version": version,
