@@ -15,8 +15,9 @@ import pytest
 from d3s import cli
 from d3s.app.runfolder import LOCK_NAME
 
-TIMING_KEYS = ("wall_s", "step_time")  # with d3s/time/*, the only fields allowed to differ between two runs
-SUMMARY_TIMING_KEYS = ("train_wall_s", "command_wall_s", "step_seconds")  # and in summary.json
+TIMING_KEYS = ("wall_s", "step_time", "d3s/generation_s_per_signal_group")  # with d3s/time/*, the only fields
+# allowed to differ between two runs
+SUMMARY_TIMING_KEYS = ("train_wall_s", "command_wall_s", "step_seconds", "generation_s_per_signal_group")  # summary
 
 
 def train(out: Path, *extra: str) -> int:

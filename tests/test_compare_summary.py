@@ -81,3 +81,48 @@ def test_summary_tables(tmp_path):
     assert "| d3s | 20.0 | 2.0 | 4.0 | 6.0 | 8.0 | 10.0 | 0.48 |" in md
     assert "| grpo | 42.0 | - | - | - | - | - | 1.00 |" in md
     assert "| d3s seed 3 | 80.0% | 4.0 min | - | 25.0% | `0.1.0+gdef` |" in md
+
+
+def test_generation_columns_and_run_settings(tmp_path):
+    """What generation bought: per-step means over the runs, the seconds per group with signal over the whole run;
+    `d3s/no_signal_step` (the groups handed to training) wins over TRL's `frac_reward_zero_std`."""
+    gen = {"d3s/groups_generated": 8.0, "d3s/flat_groups_generated": 2.0, "d3s/prompts_skipped": 1.0,
+           "d3s/time/generation": 3.0}
+    for seed in (1, 2):
+        _write_run(tmp_path / f"d3s-seed{seed}", 0.6, [0.4, 0.5, 0.6], times={"d3s/signal_groups": 2.0,
+                   "d3s/groups_generated": 4.0, "d3s/flat_groups_generated": 2.0, "d3s/time/generation": 1.0})
+        _write_run(tmp_path / f"d3s+prompt_skip-seed{seed}", 0.7, [0.4, 0.6, 0.7],
+                   times={**gen, "d3s/signal_groups": 3.0 * seed, "d3s/no_signal_step": 0.0})
+    summary = summarize(tmp_path, ["d3s", "d3s+prompt_skip"], [1, 2])
+    plain, skip = summary["variants"]["d3s"], summary["variants"]["d3s+prompt_skip"]
+    assert plain["generation_mean"] == {"flat_groups_per_step": 2.0, "groups_generated_per_step": 4.0,
+                                        "generation_s_per_signal_group": 0.5}
+    # seconds per group with signal: 12 s / 12 groups (seed 1), 12 s / 24 groups (seed 2)
+    assert skip["generation_mean"] == pytest.approx({"prompts_skipped_per_step": 1.0, "flat_groups_per_step": 2.0,
+                                                     "groups_generated_per_step": 8.0,
+                                                     "generation_s_per_signal_group": 0.75})
+    assert plain["no_signal_share_mean"] == 0.25 and skip["no_signal_share_mean"] == 0.0
+    md = render_markdown(summary, "d3s compare ...")
+    assert "| d3s | 4.0 | - | 2.0 | 0.500 | 25.0% |" in md
+    assert "| d3s+prompt_skip | 8.0 | 1.0 | 2.0 | 0.750 | 0.0% |" in md
+
+
+def test_a_run_setting_is_a_variant_with_switches_on():
+    from d3s.app.compare import run_setting
+    from d3s.app.errors import RecipeError
+
+    assert run_setting("d3s") == ["--variant", "d3s"]
+    assert run_setting("d3s+prompt_skip+dynamic_sampling") == [
+        "--variant", "d3s", "--prompt_skip", "true", "--dynamic_sampling", "true"]
+    for bad in ("d4s+prompt_skip", "d3s+prompt_skip+prompt_skip", "d3s+seed", "d3s+"):
+        with pytest.raises(RecipeError):
+            run_setting(bad)
+
+
+def test_records_made_before_the_prompt_options_are_reusable():
+    from d3s.app.runfolder import training_changes
+
+    now = {"trainer": {"variant": "d3s", "prompt_skip": False, "dynamic_sampling_max_rounds": 3}}
+    assert training_changes({"trainer": {"variant": "d3s"}}, now) == ([], [])
+    changed, _ = training_changes({"trainer": {"variant": "d3s"}}, {"trainer": {"variant": "d3s", "prompt_skip": True}})
+    assert changed == ["prompt_skip: False -> True"]

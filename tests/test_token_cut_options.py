@@ -1,4 +1,4 @@
-"""The token-cut options beyond the paper (docs/method.md section 9.1) against plain-loop references:
+"""The token-cut options beyond the paper (docs/method.md section 9.2) against plain-loop references:
 `token_cut` 'sign' and 'rollout', the `min_per_rollout` floor, the one-sided metric and the learning-rate clock."""
 
 import math

@@ -107,7 +107,7 @@ def generation_progress(
 
 
 SCHEDULE_CLOCKS = ("steps", "learning_rate")
-"""What training progress p counts (docs/method.md section 9.1): 'steps' (the paper: generation batches),
+"""What training progress p counts (docs/method.md section 9.2): 'steps' (the paper: generation batches),
 'learning_rate' (the share of the learning-rate schedule's total step size already spent)."""
 
 

@@ -186,7 +186,7 @@ def token_mask(
     return select_tokens(scores, fraction, advantages=advantages, cut=cut, min_per_rollout=min_per_rollout)
 
 
-# -- Options beyond the paper (docs/method.md section 9.1): where the cut is taken, and a floor -------------
+# -- Options beyond the paper (docs/method.md section 9.2): where the cut is taken, and a floor -------------
 
 TOKEN_CUTS = ("batch", "sign", "rollout")
 """Where the top-K cut is taken: 'batch' (the paper: one threshold over every valid token), 'sign' (the

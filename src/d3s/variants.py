@@ -64,11 +64,11 @@ class Variant:
     normalizer: Normalizer = "selected"
     """Token-loss divisor: "selected" (kept tokens) or "all" (all valid tokens)."""
     token_cut: str = "batch"
-    """Where the token cut is taken (docs/method.md section 9.1): "batch" (the paper), "sign", "rollout"."""
+    """Where the token cut is taken (docs/method.md section 9.2): "batch" (the paper), "sign", "rollout"."""
     min_tokens_per_rollout: int = 0
     """A floor of tokens per kept rollout with a non-zero advantage, on top of the cut (0: none, the paper)."""
     schedule_clock: str = "steps"
-    """What progress p counts: "steps" (the paper) or "learning_rate" (section 9.1)."""
+    """What progress p counts: "steps" (the paper) or "learning_rate" (section 9.2)."""
 
     def __post_init__(self) -> None:
         if self.sample_selection not in ("none", "intra", "cross", "pods"):

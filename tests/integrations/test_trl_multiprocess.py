@@ -30,8 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(out: Path, world: int, micro_batches: int, loss_type: str, options: dict | None = None) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "D3S_TEST_OPTIONS": json.dumps(options or {})}
+def _run(out: Path, world: int, micro_batches: int, loss_type: str, options: dict | None = None, **env_extra) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "D3S_TEST_OPTIONS": json.dumps(options or {}),
+           **env_extra}
     args = [str(SCRIPT), str(out), str(micro_batches), loss_type]
     if world == 1:
         cmd = [sys.executable, *args]
@@ -51,7 +52,7 @@ def _load(out: Path, name: str):
 @pytest.mark.parametrize(
     "micro_batches, loss_type, options",
     [(1, "grpo", None), (2, "dapo", None),  # one or two micro-batches per generation batch
-     (2, "dapo", {"token_cut": "sign", "min_tokens_per_rollout": 2}),  # the options beyond the paper (method 9.1)
+     (2, "dapo", {"token_cut": "sign", "min_tokens_per_rollout": 2}),  # the options beyond the paper (method 9.2)
      (1, "grpo", {"token_cut": "rollout", "schedule_clock": "learning_rate", "lr_scheduler_type": "cosine"})],
 )
 def test_two_processes_match_one(tmp_path, micro_batches, loss_type, options):
@@ -90,5 +91,25 @@ def test_two_processes_match_one(tmp_path, micro_batches, loss_type, options):
     assert g1.shape == g2.shape and g1.size(0) == 3
     for step in range(3):
         assert ((g2[step] - g1[step]).norm() / g1[step].norm()) < 1e-5, step
+    p1, p2 = torch.load(tmp_path / "params_world1.pt"), torch.load(tmp_path / "params_world2.pt")
+    torch.testing.assert_close(p2, p1, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_two_processes_choose_the_same_prompts(tmp_path):
+    """prompt_skip and dynamic_sampling: every rank makes the same choice, and the one a single process makes."""
+    _run(tmp_path, 1, 1, "dapo", D3S_TEST_PROMPT_OPTIONS="1")
+    _run(tmp_path, 2, 1, "dapo", D3S_TEST_PROMPT_OPTIONS="1")
+    single = _load(tmp_path, "prompts_world1_rank0.json")
+    rank0, rank1 = _load(tmp_path, "prompts_world2_rank0.json"), _load(tmp_path, "prompts_world2_rank1.json")
+    assert len(single) == len(rank0) == len(rank1) > 5  # refill rounds happened
+    for one, r0, r1 in zip(single, rank0, rank1):
+        assert r0 + r1 == one  # rank 0 holds the first half of the generation batch, rank 1 the second
+    logs1, logs2 = _load(tmp_path, "logs_world1.json"), _load(tmp_path, "logs_world2.json")
+    assert sum(h["d3s/prompts_skipped"] for h in logs1) > 0
+    for key in ["d3s/prompts_skipped", "d3s/flat_groups_generated", "d3s/generation_rounds", "d3s/signal_groups",
+                "d3s/rollouts_kept", "d3s/tokens_in_loss"]:
+        assert [h[key] for h in logs2] == [h[key] for h in logs1], key
+    assert [h["loss"] for h in logs2] == pytest.approx([h["loss"] for h in logs1], rel=1e-5)
     p1, p2 = torch.load(tmp_path / "params_world1.pt"), torch.load(tmp_path / "params_world2.pt")
     torch.testing.assert_close(p2, p1, rtol=1e-5, atol=1e-6)

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from trl_tiny import flat_params, length_reward, prompt_dataset, run_training  # noqa: E402
+from trl_tiny import flat_params, length_reward, make_rollout_func, prompt_dataset, run_training  # noqa: E402
 
 from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer  # noqa: E402
 
@@ -30,8 +30,8 @@ from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer  # noqa: E402
 FLAT_PROMPTS = {2, 3, 4}
 
 
-def dataset() -> Dataset:
-    prompts = prompt_dataset(32)["prompt"]
+def dataset(n: int = 32) -> Dataset:
+    prompts = prompt_dataset(n)["prompt"]
     return Dataset.from_dict({"prompt": prompts, "flat": [i in FLAT_PROMPTS for i in range(len(prompts))]})
 
 
@@ -67,10 +67,28 @@ class _Trainer(D3SGRPOTrainer):
         return super()._d3s_select(batch, entropies)
 
 
+class PromptDump:
+    """The rollout function of `trl_tiny`, recording the prompts this process generates for, per round."""
+
+    def __init__(self):
+        self.inner = make_rollout_func(8, 4)
+        self.rounds = []
+
+    def __call__(self, prompts, trainer):
+        self.rounds.append(list(prompts))
+        return self.inner(prompts, trainer)
+
+
 def main(out_dir: str, micro_batches: int, loss_type: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dump = SelectionDump()
     _Trainer.dump = dump
+    extra = {}
+    prompts = None
+    if os.environ.get("D3S_TEST_PROMPT_OPTIONS"):  # prompt_skip + dynamic_sampling on 8 prompts, seen every 2 steps
+        prompts = PromptDump()
+        extra = dict(prompt_skip=True, prompt_skip_explore=0.3, dynamic_sampling=True, max_steps=5,
+                     train_dataset=dataset(8), rollout_func=prompts)
     trainer = run_training(
         _Trainer,
         D3SConfig,
@@ -78,16 +96,17 @@ def main(out_dir: str, micro_batches: int, loss_type: str) -> None:
         variant=os.environ.get("D3S_TEST_VARIANT", "d3s"),
         loss_type=loss_type,
         reward_funcs=flat_or_length_reward,
-        train_dataset=dataset(),
         shuffle_dataset=False,
-        max_steps=3,
         learning_rate=0.01,
         per_device_train_batch_size=16 // (world * micro_batches),
         gradient_accumulation_steps=micro_batches,
         callbacks=[dump],
-        **json.loads(os.environ.get("D3S_TEST_OPTIONS", "{}")),
+        **{"max_steps": 3, "train_dataset": dataset(), **extra, **json.loads(os.environ.get("D3S_TEST_OPTIONS", "{}"))},
     )
     rank = trainer.accelerator.process_index
+    if prompts is not None:
+        with open(os.path.join(out_dir, f"prompts_world{world}_rank{rank}.json"), "w") as f:
+            json.dump(prompts.rounds, f)
     with open(os.path.join(out_dir, f"selection_world{world}_rank{rank}.json"), "w") as f:
         json.dump(dump.steps, f)
     if rank == 0:

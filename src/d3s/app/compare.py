@@ -1,10 +1,13 @@
 """`d3s compare`: several variants x seeds on the same task and generation budget, side by side.
 
-    d3s compare --variants grpo,d3s --seeds 1,2 [--config RECIPE] [--output_dir DIR] [--field value ...]
+    d3s compare --variants grpo,d3s,d3s+prompt_skip --seeds 1,2 [--config RECIPE] [--output_dir DIR] [--field value ...]
 
 Every run is `d3s train` with the same recipe and overrides, only `variant` and `seed` changing, so
 all runs generate the same number of rollouts per step for the same number of steps (the same
-generation budget); they differ in what they train on. Each run goes to `DIR/<variant>-seed<seed>/`
+generation budget); they differ in what they train on. A run setting `variant+switch[+switch...]` is the
+variant with those switches (boolean `d3s train` fields) on: `d3s+prompt_skip` is `--variant d3s
+--prompt_skip true`, compared with `d3s` as another line of the tables. Each run goes to
+`DIR/<setting>-seed<seed>/`
 in its own process. A finished run (its `summary.json` exists) is reused, an unfinished one is
 resumed from its last checkpoint — rerun the same command after an interruption. Once a run has
 finished, its checkpoints are pruned (`--keep_checkpoints`: by default only the final model stays, without
@@ -45,7 +48,9 @@ from d3s.variants import VARIANTS
 class CompareArgs:
     """The options of `d3s compare` itself; the others are `d3s train` fields, passed to every run."""
 
-    variants: tuple[str, ...] = field(default=("grpo", "d3s"), metadata={"help": "comma-separated variants"})
+    variants: tuple[str, ...] = field(default=("grpo", "d3s"), metadata={
+        "help": "comma-separated variants, each optionally with switches on: variant+switch[+switch] (boolean "
+                "d3s train fields), e.g. d3s,d3s+prompt_skip,d3s+dynamic_sampling"})
     seeds: tuple[int, ...] = field(default=(1, 2), metadata={"help": "comma-separated seeds"})
     config: str | None = field(default=None, metadata={
         "help": "recipe file or shipped recipe name (default: the embedded one)"})
@@ -65,6 +70,18 @@ class CompareArgs:
             raise RecipeError(f"--seeds {','.join(map(str, bad))}: a seed is an integer in [0, 2**32 - 1]")
 
 
+def run_setting(setting: str) -> list[str]:
+    """The `d3s train` options of a run setting `variant+switch+...`: `--variant variant --switch true ...`."""
+    variant, *switches = setting.split("+")
+    if variant not in VARIANTS:
+        raise RecipeError(f"unknown variant {variant!r} in {setting!r}; valid: {', '.join(VARIANTS)}")
+    bad = [s for s in switches if not s.isidentifier() or s in ("variant", "seed", "output_dir", "resume")]
+    if bad or len(set(switches)) != len(switches):
+        raise RecipeError(f"run setting {setting!r}: after the variant, give distinct switches (boolean d3s train "
+                          "fields) joined by '+', e.g. d3s+prompt_skip+dynamic_sampling")
+    return ["--variant", variant, *(arg for s in switches for arg in (f"--{s}", "true"))]
+
+
 def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep_checkpoints: str = "all") -> Path:
     """Run (or resume, or reuse) one `d3s train` in a child process; returns its folder. Once a run this
     call trained has finished, its checkpoints are pruned to `keep_checkpoints` (see `prune_checkpoints`)."""
@@ -74,7 +91,7 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep
         print(f"d3s compare: reusing {out}", file=sys.stderr)
         return out
     resume = out.is_dir() and any(out.glob("checkpoint-*"))
-    cmd = [sys.executable, "-m", "d3s.cli", "train", *train_argv, "--variant", variant, "--seed", str(seed),
+    cmd = [sys.executable, "-m", "d3s.cli", "train", *train_argv, *run_setting(variant), "--seed", str(seed),
            "--output_dir", str(out), "--resume", "true" if resume else "false"]
     print(f"d3s compare: {'resuming' if resume else 'running'} {variant} seed {seed} -> {out}", file=sys.stderr,
           flush=True)
@@ -95,7 +112,7 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep
 
 def planned_run_config(out: Path, variant: str, seed: int, train_argv: Sequence[str]) -> dict:
     """The `run_config.json` that `d3s train` would record for this run on this machine."""
-    run, config, recipe = parse_train_args([*train_argv, "--variant", variant, "--seed", str(seed),
+    run, config, recipe = parse_train_args([*train_argv, *run_setting(variant), "--seed", str(seed),
                                             "--output_dir", str(out)])
     return resolve_run_config(run, config, recipe)
 
@@ -152,10 +169,17 @@ def cmd_compare(argv: Sequence[str]) -> int:
             raise RecipeError(f"{bad} is set by d3s compare for each run; remove it")
     if args.config:
         train_argv = ["--config", args.config, *train_argv]
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v.split("+")[0] not in VARIANTS]
     if unknown:
-        raise RecipeError(f"unknown variants {unknown}; valid: {', '.join(VARIANTS)}")
+        raise RecipeError(f"unknown variants {unknown}; valid: {', '.join(VARIANTS)}, each optionally followed by "
+                          "+switch (a boolean d3s train field), e.g. d3s+prompt_skip")
     parse_train_args(train_argv)  # fail fast on a bad recipe or field, before any run starts
+    for v in variants:
+        if "+" in v:
+            run, config, _ = parse_train_args([*train_argv, *run_setting(v)])
+            for switch in v.split("+")[1:]:
+                if not isinstance(getattr(config, switch, getattr(run, switch, None)), bool):
+                    raise RecipeError(f"run setting {v!r}: {switch} is not a switch (a boolean d3s train field)")
 
     root = Path(args.output_dir)
     claim_root(root)

@@ -1,5 +1,6 @@
 """`compare.md`: the summary of `d3s compare` (`d3s.app.compare_summary`) as markdown tables, one section
-per question: final accuracy, cost to reach the reference's accuracy, where a step's time goes, the runs."""
+per question: final accuracy, cost to reach the reference's accuracy, where a step's time goes, what
+generation bought, the runs."""
 
 from __future__ import annotations
 
@@ -91,6 +92,27 @@ def _step_time(summary: dict) -> list[str]:
         ["variant", "step", *(p.replace("_", " ") for p in parts), f"step vs {ref}"], rows)
 
 
+def _number(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _generation(summary: dict) -> list[str]:
+    rows = []
+    for v, row in summary["variants"].items():
+        g = row.get("generation_mean") or {}
+        rows.append([v, _number(g.get("groups_generated_per_step"), 1), _number(g.get("prompts_skipped_per_step"), 1),
+                     _number(g.get("flat_groups_per_step"), 1), _number(g.get("generation_s_per_signal_group"), 3),
+                     _pct(row["no_signal_share_mean"])])
+    return _section(
+        "What generation bought",
+        "Per training step, mean over seeds: groups generated (refill rounds included), prompts skipped before "
+        "generation (`prompt_skip`), groups generated whose rewards were all equal (no signal); the generation "
+        "seconds (reward scoring included) per group with signal handed to training, over the whole run; the "
+        "share of steps that trained on no signal at all. '-': not recorded, or the option is off.",
+        ["variant", "groups generated", "prompts skipped", "flat groups generated", "generation s per group with signal",
+         "steps with no signal"], rows)
+
+
 def _runs(summary: dict) -> list[str]:
     rows = [[f"{v} seed {p['seed']}", _pct(p["final_accuracy"]), _minutes(p["train_wall_s"]),
              _minutes(p["command_wall_s"]), _pct(p["no_signal_steps"]), f"`{p['code_version']}`"]
@@ -131,6 +153,6 @@ def render_markdown(summary: dict, command: str) -> str:
         "",
         *_accuracy(summary),
     ]
-    for section in (_cost, _step_time, _runs):
+    for section in (_cost, _step_time, _generation, _runs):
         lines += ["", *section(summary)]
     return "\n".join(lines + _notes(summary)) + "\n"

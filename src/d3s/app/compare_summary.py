@@ -5,7 +5,8 @@
   the difference to the reference variant (`grpo` if present) with a paired 95% t-interval over seeds.
 - Cost to reach the reference's final accuracy (Table 3): training wall-clock, tokens in the loss and
   training-forward positions computed, at the first held-out evaluation at or above it, per seed.
-- The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), the
+- The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), what
+  generation bought (prompts skipped, flat groups generated, generation seconds per group with signal), the
   seconds per step and its timed parts, the code version of every run.
 """
 
@@ -16,7 +17,8 @@ import statistics
 from pathlib import Path
 
 from d3s.app.intervals import mean_interval, wilson_interval
-from d3s.app.runfolder import no_signal_share, read_run_records, step_seconds, with_computed_tokens
+from d3s.app.runfolder import (generation_summary, no_signal_share, read_run_records, step_seconds,
+                               with_computed_tokens)
 
 
 def run_dir(root: Path, variant: str, seed: int) -> Path:
@@ -42,12 +44,16 @@ def _spread(values: list[float]) -> list[float] | None:
     return [min(values), max(values)] if values else None
 
 
-def _mean_parts(parts: list[dict | None]) -> dict[str, float] | None:
-    """Mean over runs of each timing part that every run recorded."""
+def _mean_parts(parts: list[dict | None], skip_none: bool = False) -> dict[str, float] | None:
+    """Mean over runs of each part that every run recorded (with `skip_none`, a part None in every run is
+    left out and one None in some runs is the mean of the others)."""
     if not parts or any(p is None for p in parts):
         return None
     common = [k for k in parts[0] if all(k in p for p in parts)]
-    return {k: statistics.mean(p[k] for p in parts) for k in common} or None
+    if not skip_none:
+        return {k: statistics.mean(p[k] for p in parts) for k in common} or None
+    values = {k: [p[k] for p in parts if p[k] is not None] for k in common}
+    return {k: statistics.mean(v) for k, v in values.items() if v} or None
 
 
 def _load_run(root: Path, variant: str, seed: int) -> dict:
@@ -69,6 +75,7 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
         "trained_tokens": summary["trained_tokens"],
         "computed_tokens": records[-1]["computed_tokens"] if records else None,
         "no_signal_steps": no_signal_share(records),
+        "generation": generation_summary(records),
         "steps": len(train),
         "step_seconds": step_seconds(records),
         "command_wall_s": summary.get("command_wall_s"),
@@ -102,6 +109,7 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
         "trained_tokens_mean": statistics.mean(r["summary"]["trained_tokens"] for r in items),
         "computed_tokens_mean": statistics.mean(p["computed_tokens"] or 0.0 for p in per_seed),
         "no_signal_share_mean": statistics.mean(shares) if shares else None,
+        "generation_mean": _mean_parts([p["generation"] for p in per_seed], skip_none=True),
         "step_seconds_mean": _mean_parts([p["step_seconds"] for p in per_seed]),
         "seeds_reaching_target": len(reached),
         "wall_s_to_target_mean": statistics.mean(h["wall_s"] for h in reached) if reached else None,

@@ -64,6 +64,9 @@ class RunArgs:
     task_max_digits: int = field(default=1, metadata={"help": "arith: most digits per operand."})
     task_operators: str = field(default="+-*", metadata={"help": "arith: operators drawn from, e.g. '+-*'."})
     task_train_seed: int = field(default=1, metadata={"help": "Seed of the training problems."})
+    task_train_size: int = field(default=0, metadata={
+        "help": "arith: training problems drawn (0: one per prompt the run generates, + 64, so none repeats). A "
+                "smaller pool makes problems come back during the run, which prompt_skip's history needs."})
     task_heldout_seed: int = field(
         default=10_000, metadata={"help": "Seed of the held-out problems (disjoint from training, swaps included)."}
     )
@@ -101,6 +104,8 @@ class RunArgs:
         for name in ("heldout_size", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise RecipeError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.task_train_size < 0:
+            raise RecipeError(f"task_train_size={self.task_train_size} must be >= 0 (0: as many as the run uses)")
         if self.eval_every < 0 or self.eval_max_new_tokens < 0:
             raise RecipeError(f"eval_every={self.eval_every}, eval_max_new_tokens={self.eval_max_new_tokens} must be >= 0")
         if self.task == "arith":

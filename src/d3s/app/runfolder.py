@@ -370,9 +370,13 @@ FREE_TRAINER_FIELDS = frozenset({
 # How a run was started, not what it trains: never reported as a change.
 _IGNORED_FIELDS = frozenset({"resume", "resume_from_checkpoint"})
 
-ADDED_TRAINER_FIELDS = {"token_cut": "batch", "min_tokens_per_rollout": 0, "schedule_clock": "steps"}
-"""Trainer fields added after runs were recorded, with the value that trains as those runs did: a run recorded
-before a field existed reads as having it at this value (so committed runs stay reusable)."""
+# Fields added after runs were recorded: a record without one trained as with this value (so committed runs stay
+# reusable).
+ADDED_FIELDS = {
+    "prompt_skip": False, "prompt_skip_explore": 0.5, "prompt_skip_history": 8,
+    "dynamic_sampling": False, "dynamic_sampling_max_rounds": 3, "task_train_size": 0,
+    "token_cut": "batch", "min_tokens_per_rollout": 0, "schedule_clock": "steps",
+}
 
 
 def _normal(value: Any) -> Any:
@@ -382,15 +386,14 @@ def _normal(value: Any) -> Any:
 def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """Compare two `run_config.json` contents: `(changes that alter training, free changes)`, each as
     `field: old -> new`. Fields missing on one side are compared against None (a field of
-    `ADDED_TRAINER_FIELDS`: against the value runs had before it existed)."""
+    `ADDED_FIELDS`: against the value runs had before it existed)."""
     changed, free = [], []
     for section, allowed in (("run", FREE_RUN_FIELDS), ("trainer", FREE_TRAINER_FIELDS)):
         a, b = saved.get(section) or {}, now.get(section) or {}
         for name in sorted(set(a) | set(b)):
             if name.startswith("_") or name in _IGNORED_FIELDS:
                 continue
-            default = ADDED_TRAINER_FIELDS.get(name) if section == "trainer" else None
-            old, new = _normal(a.get(name, default)), _normal(b.get(name, default))
+            old, new = _normal(a.get(name, ADDED_FIELDS.get(name))), _normal(b.get(name, ADDED_FIELDS.get(name)))
             if old != new:
                 (free if name in allowed else changed).append(f"{name}: {old!r} -> {new!r}")
     return changed, free
@@ -494,8 +497,14 @@ def step_seconds(records: list[dict]) -> dict[str, float] | None:
 
 
 def no_signal_share(records: list[dict]) -> float | None:
-    """Share of training steps in which every group had equal rewards (`frac_reward_zero_std` = 1): their
-    gradient is zero for every variant."""
+    """Share of training steps in which every group had equal rewards: their gradient is zero for every variant.
+
+    Read from `d3s/no_signal_step` (the groups handed on to training, after `dynamic_sampling`) where the
+    records have it, else from TRL's `frac_reward_zero_std` = 1."""
+    flags = [r.get("d3s/no_signal_step") for r in records if r.get("type") == "train"]
+    flags = [f for f in flags if f is not None]
+    if flags:
+        return sum(f > 0.5 for f in flags) / len(flags)
     steps = [r.get("frac_reward_zero_std") for r in records if r.get("type") == "train"]
     steps = [s for s in steps if s is not None]
     return sum(s >= 1.0 - 1e-9 for s in steps) / len(steps) if steps else None
@@ -528,4 +537,26 @@ def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_f
         "one_sided_steps": sum(v > 0.5 for v in one_sided) / len(one_sided) if one_sided else None,
         "clipped_steps": sum(n > clip for n in norms) / len(norms) if norms and clip else None,
         "warnings": list(warnings.values()),
+    }
+
+
+def generation_summary(records: list[dict]) -> dict[str, float | None] | None:
+    """What a run's generation bought, from the `d3s/*` generation metrics of its train records (None when the
+    records predate them): prompts skipped and flat groups generated per step, and the generation seconds per
+    group with signal over the whole run (all generation time / all groups with signal handed to training)."""
+    train = [r for r in records if r.get("type") == "train" and "d3s/signal_groups" in r]
+    if not train:
+        return None
+
+    def total(key: str) -> float | None:
+        values = [r[key] for r in train if r.get(key) is not None]
+        return sum(values) if values else None
+
+    signal, seconds = total("d3s/signal_groups"), total(TIME_PREFIX + "generation")
+    skipped, flat = total("d3s/prompts_skipped"), total("d3s/flat_groups_generated")
+    return {
+        "prompts_skipped_per_step": None if skipped is None else skipped / len(train),
+        "flat_groups_per_step": None if flat is None else flat / len(train),
+        "groups_generated_per_step": (total("d3s/groups_generated") or 0.0) / len(train),
+        "generation_s_per_signal_group": seconds / signal if seconds is not None and signal else None,
     }

@@ -61,6 +61,7 @@ from d3s.app.runfolder import (
     code_version,
     complete_checkpoints,
     eval_result,
+    generation_summary,
     no_signal_share,
     read_run_records,
     read_summary,
@@ -418,7 +419,8 @@ def _training_data(run: RunArgs, config):
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     prompts_per_step = config.per_device_train_batch_size * config.steps_per_generation * world // config.num_generations
-    task = build_task(run.task_config(), max(1, config.max_steps) * max(1, prompts_per_step) + 64)
+    size = run.task_train_size or max(1, config.max_steps) * max(1, prompts_per_step) + 64
+    task = build_task(run.task_config(), size)
     dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"], task.instruction), "answer": p["answer"]}
                                  for p in task.train])
     return task, dataset, prompts_per_step
@@ -517,6 +519,7 @@ def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | No
              started: float, version: str) -> dict[str, Any]:
     """What `summary.json` records of a finished run."""
     last_train = run_log.last("train") or {}
+    generation = generation_summary(run_log.records)
     return {
         "variant": config.variant or "custom",
         "seed": config.seed,
@@ -531,6 +534,8 @@ def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | No
         "generated_tokens": last_train.get("generated_tokens"),
         "computed_tokens": last_train.get("computed_tokens"),
         "no_signal_steps": no_signal_share(run_log.records),
+        "generation": {k: v for k, v in (generation or {}).items() if k != "generation_s_per_signal_group"} or None,
+        "generation_s_per_signal_group": (generation or {}).get("generation_s_per_signal_group"),
         "step_seconds": step_seconds(run_log.records),
         "token_cut": token_cut_summary(
             run_log.records, token_selection=bool(config.token_selection), k_init=config.k_init,

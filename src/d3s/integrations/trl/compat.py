@@ -54,6 +54,9 @@ PRIVATE_TRL_API = {
     "GRPOTrainer._compute_loss": "(self, model, inputs)",
     "GRPOTrainer.training_step": "(self, model, inputs, num_items_in_batch)",
     "GRPOTrainer.train": "(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None)",
+    # overridden to keep the prompt history (prompt_skip) in checkpoints, as TRL keeps its entropy controller's
+    "GRPOTrainer._save_checkpoint": "(self, model, trial)",
+    "GRPOTrainer._load_optimizer_and_scheduler": "(self, checkpoint)",
     # replaced on the instance while TRL generates (generation.DeferredPasses)
     "GRPOTrainer._get_per_token_logps_and_entropies": (
         "(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, "
@@ -65,6 +68,7 @@ PRIVATE_TRL_API = {
     "GRPOTrainer._prepare_inputs": "(self, generation_batch)",
     # called
     "GRPOTrainer.get_off_policy_mask": "(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)",
+    "GRPOTrainer._get_output_dir": "(self, trial)",  # where a checkpoint folder is written
     # attributes read
     "GRPOTrainer._step": ATTRIBUTE,  # micro-batch counter: the generation index and the optimizer step's end
     "GRPOTrainer._metrics": ATTRIBUTE,  # {"train": {name: [values]}}: every metric is appended there

@@ -76,7 +76,7 @@ class D3SConfig(GRPOConfig):
     allow_tightening: bool = field(
         default=False, metadata=_h("Allow a linear schedule whose final N or K is below the initial one.")
     )
-    # Options beyond the paper (docs/method.md section 9.1); the defaults are the paper's method
+    # Options beyond the paper (docs/method.md section 9.2); the defaults are the paper's method
     token_cut: str | None = field(
         default=None,
         metadata=_h(
@@ -114,10 +114,55 @@ class D3SConfig(GRPOConfig):
     kl_log_rollouts: int = field(
         default=8, metadata=_h("Rollouts per process (the first of each generation batch) the KL metric is measured on.")
     )
+    # Which prompts a generation batch holds (docs/method.md section 9.1): departures from the paper, off by default
+    prompt_skip: bool = field(
+        default=False,
+        metadata=_h(
+            "Skip, before generating, prompts whose recent groups all had equal rewards (GRESO, arXiv 2506.02177): "
+            "a prompt flat in its last z generation batches in a row is skipped with probability "
+            "1 - prompt_skip_explore**z and replaced by another prompt of the dataset, so the batch keeps its size."
+        ),
+    )
+    prompt_skip_explore: float = field(
+        default=0.5,
+        metadata=_h("GRESO's exploration probability p_e in (0, 1]: a prompt flat z times in a row is still generated "
+                    "with probability p_e**z (1 never skips)."),
+    )
+    prompt_skip_history: int = field(
+        default=8,
+        metadata=_h("Most flat generation batches in a row a prompt's history counts (z is capped there, so a prompt "
+                    "is always retried with probability at least prompt_skip_explore**prompt_skip_history)."),
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=_h(
+            "DAPO's dynamic sampling (arXiv 2503.14476): after scoring, drop the groups whose rewards are all equal "
+            "and generate more prompts until the generation batch holds as many groups with signal as it has "
+            "prompts, or dynamic_sampling_max_rounds extra rounds were generated (then flat groups fill the rest)."
+        ),
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3, metadata=_h("Extra generation rounds one generation batch may take with dynamic_sampling (>= 0).")
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._resolve_d3s()
         self._check_trl_options()
+        self._check_prompt_options()
+
+    def _check_prompt_options(self) -> None:
+        if isinstance(self.prompt_skip_explore, bool) or not 0.0 < float(self.prompt_skip_explore) <= 1.0:
+            raise ValueError(f"prompt_skip_explore={self.prompt_skip_explore!r} must be a probability in (0, 1]")
+        for name in ("prompt_skip_history", "dynamic_sampling_max_rounds"):
+            value, low = getattr(self, name), 1 if name == "prompt_skip_history" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+
+    @property
+    def d3s_chooses_prompts(self) -> bool:
+        """Whether the trainer changes which prompts a generation batch holds (`prompt_skip`, `dynamic_sampling`)."""
+        return bool(self.prompt_skip or self.dynamic_sampling)
 
     def _resolve_d3s(self) -> None:
         G = self.num_generations

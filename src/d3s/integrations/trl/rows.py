@@ -108,3 +108,56 @@ def take_rows(
                 out[key] = out[key][:, :width]
     out["d3s_real"] = real
     return out
+
+
+def _pad_width(tensor: torch.Tensor, width: int, pad_value, pad_first: bool) -> torch.Tensor:
+    """`tensor` `(S, W, ...)` padded along its second axis to `width` (on the left with `pad_first`)."""
+    if tensor.dim() < 2 or tensor.size(1) >= width:
+        return tensor
+    pad = tensor.new_full((tensor.size(0), width - tensor.size(1), *tensor.shape[2:]), pad_value)
+    return torch.cat([pad, tensor] if pad_first else [tensor, pad], dim=1)
+
+
+def merge_generations(batches: list[dict], rows_global: torch.Tensor, *, accelerator, pad_token_id: int,
+                      cut_columns: bool) -> dict:
+    """This process's share of rows taken from several generation batches of the same size.
+
+    Args:
+        batches: TRL's generation batches of this process, each of S rows per process (P*S global rows).
+        rows_global: `(P*S,)` indices into the global rows of all batches one after the other
+            (batch k's global row i is `k*P*S + i`), in the order the merged batch holds them.
+
+    Returns:
+        A batch of S rows per process with every per-row key of `ROW_KEYS` and `num_items_in_batch`
+        counted again (loss tokens of all processes). With `cut_columns` (False when TRL pads to a fixed
+        multiple) the prompt columns that are padding in every row of every process and the completion
+        columns after the last one any row uses are removed, so the rows are padded as if generated together.
+    """
+    S = batches[0]["completion_ids"].size(0)
+    rank = accelerator.process_index
+    mine = rows_global[rank * S : (rank + 1) * S]  # (S,)
+    out = {}
+    for key, (pad_value, pad_first) in ROW_KEYS.items():
+        present = [b.get(key) is not None for b in batches]
+        if not any(present):
+            continue
+        if not all(present):
+            raise ValueError(f"{key} is in some generation rounds and not in others")
+        pad_value = pad_token_id if pad_value is None else pad_value
+        parts = [gather_rows(accelerator, b[key], pad_value, pad_first) for b in batches]  # (P*S, W_k, ...)
+        width = max(p.size(1) for p in parts) if parts[0].dim() > 1 else 0
+        out[key] = torch.cat([_pad_width(p, width, pad_value, pad_first) for p in parts])[mine]  # (S, W, ...)
+    out["num_items_in_batch"] = accelerator.gather(loss_mask(out).sum().reshape(1)).sum()
+    if not cut_columns:
+        return out
+    # columns no row needs: left padding of every prompt, completion columns after the last used one
+    used_prompt = accelerator.gather(out["prompt_mask"].any(dim=0).long().unsqueeze(0)).any(dim=0)  # (W_p,)
+    start = int(used_prompt.nonzero()[0]) if used_prompt.any() else 0
+    out["prompt_ids"], out["prompt_mask"] = out["prompt_ids"][:, start:], out["prompt_mask"][:, start:]
+    ends = accelerator.gather(torch.tensor([max(last_used_column(out["completion_mask"]), 1)],
+                                           device=out["completion_mask"].device))
+    width = int(ends.max())
+    for key in COMPLETION_AXIS_KEYS:
+        if key in out and out[key].dim() > 1 and out[key].size(1) > width:
+            out[key] = out[key][:, :width]
+    return out

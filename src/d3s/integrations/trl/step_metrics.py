@@ -160,6 +160,29 @@ class TokenCutDiagnosis:
                     print(f"d3s: warning: {message}", file=sys.stderr, flush=True)
 
 
+def log_generation(metrics: dict, flat: torch.Tensor, seconds: float, counts: dict | None) -> None:
+    """What a generation batch's generation bought: its groups with signal, and what it cost to get them.
+
+    Args:
+        flat: `(B,)` bool, the groups of the batch handed on to training that have no signal (all processes).
+        seconds: wall-clock of the generation (every round, reward scoring included), this process.
+        counts: from `prompts.generate` when `prompt_skip` or `dynamic_sampling` is on, else None (then
+            everything generated is handed on).
+    """
+    signal = int((~flat).sum())
+    generated = counts["groups_generated"] if counts else flat.numel()
+    metrics["d3s/groups_generated"].append(float(generated))
+    metrics["d3s/flat_groups_generated"].append(float(counts["flat_generated"] if counts else flat.sum()))
+    metrics["d3s/signal_groups"].append(float(signal))
+    metrics["d3s/no_signal_step"].append(float(signal == 0))
+    # NaN when no group has signal: TRL's log leaves NaN out of its means
+    metrics["d3s/generation_s_per_signal_group"].append(seconds / signal if signal else float("nan"))
+    if counts:
+        metrics["d3s/prompts_skipped"].append(float(counts["skipped"]))
+        metrics["d3s/prompts_unfilled"].append(float(counts["unfilled"]))
+        metrics["d3s/generation_rounds"].append(float(counts["rounds"]))
+
+
 def log_generated_entropy(accelerator, metrics: dict, entropies, loss_mask, also_as_entropy: bool) -> None:
     """`entropy/generated`: mean policy entropy over every generated token of every rollout (all ranks).
 

@@ -27,12 +27,13 @@ eval batch with TRL's objective.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
 from d3s.advantages import weighted_rewards, zero_where_flat
 from d3s.batch import deal_rows, loss_denominator
-from d3s.integrations.trl import passes, step_metrics
+from d3s.integrations.trl import passes, prompts, step_metrics
 from d3s.integrations.trl.compat import GRPOTrainer, is_peft_model
 from d3s.integrations.trl.config import D3SConfig
 from d3s.integrations.trl.generation import DeferredPasses, GenerationEntropy
@@ -40,8 +41,9 @@ from d3s.integrations.trl.kl_monitor import KLMonitor
 from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, gather_rows, loss_mask, take_rows
 from d3s.integrations.trl.selective_head import add_selective_lm_head, selective_forward
 from d3s.loss import policy_loss
-from d3s.rollout_selection import select_rollouts
 from d3s.metrics import advantage_balance
+from d3s.prompt_filter import flat_groups
+from d3s.rollout_selection import select_rollouts
 from d3s.schedule import generation_index, generation_progress, learning_rate_progress
 from d3s.token_selection import LOWEST_SCORE, num_tokens_to_keep, select_tokens, token_scores, top_tokens_mask
 
@@ -74,6 +76,12 @@ class D3SGRPOTrainer(GRPOTrainer):
         self._d3s_rewards_per_func: torch.Tensor | None = None  # (B*G, F) of the current generation batch
         self._d3s_timer = step_metrics.StepTimer(self.accelerator.device)
         self._d3s_kl = KLMonitor(self.args.kl_log_every, self.args.kl_log_rollouts)
+        self._d3s_prompts = None  # which prompts a generation batch holds (`prompts`), when an option is on
+        if self.args.d3s_chooses_prompts:
+            self._d3s_prompts = prompts.PromptChooser(
+                self.train_dataset, seed=self.args.seed, explore=self.args.prompt_skip_explore,
+                history=self.args.prompt_skip_history, skip=self.args.prompt_skip,
+            )
         self._d3s_diagnosis = step_metrics.TokenCutDiagnosis(self.args)
         for target in (self.model, self.ref_model):
             if target is not None:
@@ -131,19 +139,38 @@ class D3SGRPOTrainer(GRPOTrainer):
         self._d3s_rewards_per_func = rewards_per_func  # (B*G, F), all processes (TRL gathers them)
         return rewards_per_func
 
-    def _generate_and_score_completions(self, inputs):
+    def _d3s_generate_once(self, inputs):
+        """TRL's generation and scoring of `inputs`: `(batch, generation entropies (S, T) or None)`."""
         training = self.model.training
         capture = contextlib.nullcontext()
         if training and not self.tools:
             capture = GenerationEntropy(self.accelerator.unwrap_model(self.model), self.temperature)
         defer = DeferredPasses(self) if training and self.d3s_active else contextlib.nullcontext()
-        with self._d3s_timed("generation"), capture, defer:
+        with capture, defer:
             batch = super()._generate_and_score_completions(inputs)
         if not training:
-            return batch  # evaluation: TRL's batch, no down-sampling
+            return batch, None
         check_row_keys(batch)
         T = batch["completion_ids"].size(1)
         entropies = capture.entropies(batch["completion_mask"], T) if isinstance(capture, GenerationEntropy) else None
+        return batch, entropies
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            return self._d3s_generate_once(inputs)[0]  # evaluation: TRL's batch, no down-sampling
+        generation_seconds = self._d3s_timer.times["generation"]
+        with self._d3s_timed("generation"):
+            if self._d3s_prompts is not None:  # prompt_skip / dynamic_sampling (`prompts`)
+                batch, entropies, counts = prompts.generate(self, inputs)
+            else:
+                batch, entropies = self._d3s_generate_once(inputs)
+                counts = None
+        step_metrics.log_generation(
+            self._metrics["train"],
+            flat_groups(weighted_rewards(self._d3s_rewards_per_func, self.reward_weights), self.num_generations),
+            self._d3s_timer.times["generation"] - generation_seconds,
+            counts,
+        )
         with self._d3s_timed("selection"):
             return self._d3s_select(batch, entropies)
 
@@ -311,6 +338,24 @@ class D3SGRPOTrainer(GRPOTrainer):
     def train(self, *args, **kwargs):
         self._d3s_kl.keep_initial_weights(self)  # before a checkpoint is loaded: a resumed run keeps them too
         return super().train(*args, **kwargs)
+
+    # -- the prompt history in checkpoints (as TRL keeps its adaptive entropy state) ----------------
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self._d3s_prompts is not None and self._d3s_prompts.skip and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            next_index = generation_index(self.state.global_step, 0, self.args.gradient_accumulation_steps,
+                                          self.args.steps_per_generation * self.num_iterations)
+            torch.save(self._d3s_prompts.state_dict(next_index), os.path.join(folder, prompts.CHECKPOINT_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self._d3s_prompts is None or not self._d3s_prompts.skip:
+            return
+        path = os.path.join(checkpoint, prompts.CHECKPOINT_FILE)
+        if os.path.isfile(path):  # a checkpoint written without prompt_skip has none: the history starts empty
+            self._d3s_prompts.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
     # -- loss (paper eqs. 1, 3, 10) -----------------------------------------------------------------
 
