@@ -114,7 +114,10 @@ def test_a_run_setting_is_a_variant_with_switches_on():
     assert run_setting("d3s") == ["--variant", "d3s"]
     assert run_setting("d3s+prompt_skip+dynamic_sampling") == [
         "--variant", "d3s", "--prompt_skip", "true", "--dynamic_sampling", "true"]
-    for bad in ("d4s+prompt_skip", "d3s+prompt_skip+prompt_skip", "d3s+seed", "d3s+"):
+    assert run_setting("d3s+token_cut=sign+min_tokens_per_rollout=4+prompt_skip") == [
+        "--variant", "d3s", "--token_cut", "sign", "--min_tokens_per_rollout", "4", "--prompt_skip", "true"]
+    for bad in ("d4s+prompt_skip", "d3s+prompt_skip+prompt_skip", "d3s+seed", "d3s+", "d3s+token_cut=",
+                "d3s+seed=3", "d3s+token_cut=sign+token_cut=rollout"):
         with pytest.raises(RecipeError):
             run_setting(bad)
 

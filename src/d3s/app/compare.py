@@ -4,9 +4,10 @@
 
 Every run is `d3s train` with the same recipe and overrides, only `variant` and `seed` changing, so
 all runs generate the same number of rollouts per step for the same number of steps (the same
-generation budget); they differ in what they train on. A run setting `variant+switch[+switch...]` is the
-variant with those switches (boolean `d3s train` fields) on: `d3s+prompt_skip` is `--variant d3s
---prompt_skip true`, compared with `d3s` as another line of the tables. Each run goes to
+generation budget); they differ in what they train on. A run setting `variant+switch[+field=value...]` is the
+variant with those switches (boolean `d3s train` fields) on and fields set: `d3s+prompt_skip` is `--variant d3s
+--prompt_skip true`, `d3s+token_cut=sign+min_tokens_per_rollout=4` is `--variant d3s --token_cut sign
+--min_tokens_per_rollout 4`, each compared with `d3s` as another line of the tables. Each run goes to
 `DIR/<setting>-seed<seed>/`
 in its own process. A finished run (its `summary.json` exists) is reused, an unfinished one is
 resumed from its last checkpoint — rerun the same command after an interruption. Once a run has
@@ -49,8 +50,8 @@ class CompareArgs:
     """The options of `d3s compare` itself; the others are `d3s train` fields, passed to every run."""
 
     variants: tuple[str, ...] = field(default=("grpo", "d3s"), metadata={
-        "help": "comma-separated variants, each optionally with switches on: variant+switch[+switch] (boolean "
-                "d3s train fields), e.g. d3s,d3s+prompt_skip,d3s+dynamic_sampling"})
+        "help": "comma-separated variants, each optionally with switches on or fields set: variant+switch[+field=value] "
+                "(d3s train fields), e.g. d3s,d3s+prompt_skip,d3s+token_cut=sign"})
     seeds: tuple[int, ...] = field(default=(1, 2), metadata={"help": "comma-separated seeds"})
     config: str | None = field(default=None, metadata={
         "help": "recipe file or shipped recipe name (default: the embedded one)"})
@@ -70,16 +71,24 @@ class CompareArgs:
             raise RecipeError(f"--seeds {','.join(map(str, bad))}: a seed is an integer in [0, 2**32 - 1]")
 
 
+def _setting_parts(setting: str) -> tuple[str, list[tuple[str, str | None]]]:
+    """`variant+switch+field=value...` -> `(variant, [(field, value or None for a switch), ...])`."""
+    variant, *parts = setting.split("+")
+    return variant, [(p.split("=", 1)[0], p.split("=", 1)[1] if "=" in p else None) for p in parts]
+
+
 def run_setting(setting: str) -> list[str]:
-    """The `d3s train` options of a run setting `variant+switch+...`: `--variant variant --switch true ...`."""
-    variant, *switches = setting.split("+")
+    """The `d3s train` options of a run setting `variant+switch+field=value...`: `--variant variant --switch true
+    --field value ...`."""
+    variant, parts = _setting_parts(setting)
     if variant not in VARIANTS:
         raise RecipeError(f"unknown variant {variant!r} in {setting!r}; valid: {', '.join(VARIANTS)}")
-    bad = [s for s in switches if not s.isidentifier() or s in ("variant", "seed", "output_dir", "resume")]
-    if bad or len(set(switches)) != len(switches):
+    names = [name for name, _ in parts]
+    bad = [n for n, v in parts if not n.isidentifier() or n in ("variant", "seed", "output_dir", "resume") or v == ""]
+    if bad or len(set(names)) != len(names):
         raise RecipeError(f"run setting {setting!r}: after the variant, give distinct switches (boolean d3s train "
-                          "fields) joined by '+', e.g. d3s+prompt_skip+dynamic_sampling")
-    return ["--variant", variant, *(arg for s in switches for arg in (f"--{s}", "true"))]
+                          "fields) or field=value pairs joined by '+', e.g. d3s+prompt_skip or d3s+token_cut=sign")
+    return ["--variant", variant, *(arg for n, v in parts for arg in (f"--{n}", "true" if v is None else v))]
 
 
 def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep_checkpoints: str = "all") -> Path:
@@ -172,13 +181,13 @@ def cmd_compare(argv: Sequence[str]) -> int:
     unknown = [v for v in variants if v.split("+")[0] not in VARIANTS]
     if unknown:
         raise RecipeError(f"unknown variants {unknown}; valid: {', '.join(VARIANTS)}, each optionally followed by "
-                          "+switch (a boolean d3s train field), e.g. d3s+prompt_skip")
+                          "+switch (a boolean d3s train field) or +field=value, e.g. d3s+prompt_skip or d3s+token_cut=sign")
     parse_train_args(train_argv)  # fail fast on a bad recipe or field, before any run starts
     for v in variants:
         if "+" in v:
             run, config, _ = parse_train_args([*train_argv, *run_setting(v)])
-            for switch in v.split("+")[1:]:
-                if not isinstance(getattr(config, switch, getattr(run, switch, None)), bool):
+            for switch, value in _setting_parts(v)[1]:
+                if value is None and not isinstance(getattr(config, switch, getattr(run, switch, None)), bool):
                     raise RecipeError(f"run setting {v!r}: {switch} is not a switch (a boolean d3s train field)")
 
     root = Path(args.output_dir)
