@@ -6,7 +6,8 @@
 # Each step has its own time limit, writes its log to OUT and goes on if it fails; the last lines of
 # OUT/summary.txt say what passed. Nothing here runs in CI, which has no GPU.
 #   1. the trainer's exactness tests on CUDA (fp32): D3S off equals TRL bit for bit, the selective forward
-#      equals the full masked computation at every micro-batch, LoRA, gradient checkpointing, MoE;
+#      equals the full masked computation at every micro-batch, LoRA, gradient checkpointing, MoE, the
+#      token-cut and prompt options;
 #   2. every paper recipe end to end at tiny scale under its own launcher (DeepSpeed ZeRO-3) on every GPU
 #      of the machine, bf16, checkpointed and resumed exactly (D3S_LAUNCH_VLLM=true adds the recipes'
 #      colocated vLLM generation where vLLM is installed);
@@ -43,7 +44,8 @@ fi
 $PY -m pip freeze > "$out/pip-freeze.txt" 2>&1
 
 step trainer-tests 900 $PY -m pytest -q -p no:cacheprovider tests/integrations/test_trl_compute.py \
-  tests/integrations/test_trl_trainer.py tests/integrations/test_trl_peft.py
+  tests/integrations/test_trl_trainer.py tests/integrations/test_trl_peft.py tests/integrations/test_trl_token_cut.py \
+  tests/integrations/test_trl_prompts.py
 step paper-recipes 900 $PY -m pytest -q -p no:cacheprovider -m launch tests/launch
 step training-phase 600 $PY benchmarks/bench_trl_training_phase.py --device cuda --model qwen-0.5b \
   --num-generations 16 --prompts 4 --prompt-len 128 --min-len 256 --max-len 768 --rounds 2 --steps 3
