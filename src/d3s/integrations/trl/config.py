@@ -11,8 +11,6 @@ import os
 from dataclasses import dataclass, field
 
 from d3s.integrations.trl.compat import GRPOConfig
-from d3s.schedule import SCHEDULE_CLOCKS
-from d3s.token_selection import TOKEN_CUTS
 from d3s.variants import Variant, get_variant, paired, scaled_count
 
 DEFAULT_KL_LOG_EVERY = 5
@@ -244,13 +242,6 @@ class D3SConfig(GRPOConfig):
             raise ValueError("token_selection=True needs k_init (the fraction of tokens kept, in (0, 1])")
         elif self.k_final is None:
             self.k_final = self.k_init
-        if self.token_cut not in TOKEN_CUTS:
-            raise ValueError(f"token_cut={self.token_cut!r}; valid: {', '.join(map(repr, TOKEN_CUTS))}")
-        if self.schedule_clock not in SCHEDULE_CLOCKS:
-            raise ValueError(f"schedule_clock={self.schedule_clock!r}; valid: {', '.join(map(repr, SCHEDULE_CLOCKS))}")
-        floor = self.min_tokens_per_rollout
-        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
-            raise ValueError(f"min_tokens_per_rollout={floor!r} must be an integer >= 0 (0: no floor)")
         if self.kl_log_every is None:
             self.kl_log_every = 0 if self.d3s_sharded else DEFAULT_KL_LOG_EVERY
             self._d3s_kl_default = True  # not the user's choice: the trainer may still turn it off (sharding)
@@ -258,7 +249,7 @@ class D3SConfig(GRPOConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be an integer >= 0 (0 turns the KL metric off)")
-        _ = self.d3s_settings  # Variant validates: ranges, constant schedule with init != final, ...
+        _ = self.d3s_settings  # Variant validates: ranges, constant schedule with init != final, the token-cut options
 
     @property
     def d3s_sharded(self) -> bool:
