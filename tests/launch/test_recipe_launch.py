@@ -56,7 +56,7 @@ pytestmark = pytest.mark.launch
 
 PAPER = sorted(p.stem for p in RECIPES_DIR.glob("paper-*.yaml"))
 ACCELERATE_CONFIG = RECIPES_DIR / "accelerate" / "zero3-8gpu.yaml"  # the launcher every paper recipe names
-TIMING = ("wall_s", "step_time")
+TIMING = ("wall_s", "step_time", "d3s/generation_s_per_signal_group")  # with d3s/time/*: wall-clock, differs between runs
 CONTEXT = 8192  # the tiny models' max_position_embeddings: at least every recipe's vllm_max_model_length
 VLLM_CPU_CLI = Path(__file__).with_name("vllm_cpu_cli.py")  # `-m d3s.cli` with vLLM's CPU backend prepared
 
