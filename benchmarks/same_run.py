@@ -12,8 +12,7 @@ from pathlib import Path
 
 TIMING = {"wall_s", "train_wall_s", "command_wall_s", "step_seconds", "code_version", "step_time", "train_runtime",
           "d3s/generation_s_per_signal_group", "generation_s_per_signal_group",
-          "train_samples_per_second", "train_steps_per_second", "d3s/generation_s_per_signal_group",
-          "generation_s_per_signal_group"}
+          "train_samples_per_second", "train_steps_per_second"}
 
 
 def without_timing(value):
