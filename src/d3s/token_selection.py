@@ -180,9 +180,6 @@ def token_mask(
         ValueError: naming the argument, as `token_scores`, `num_tokens_to_keep` and `select_tokens` do.
     """
     scores = token_scores(advantages, entropies, completion_mask)  # (S, T)
-    if cut == "batch" and not min_per_rollout:
-        n_valid = int(completion_mask.bool().sum())
-        return top_tokens_mask(scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
     return select_tokens(scores, fraction, advantages=advantages, cut=cut, min_per_rollout=min_per_rollout)
 
 

@@ -45,7 +45,7 @@ from d3s.metrics import advantage_balance
 from d3s.prompt_filter import flat_groups
 from d3s.rollout_selection import select_rollouts
 from d3s.schedule import generation_index, generation_progress, learning_rate_progress
-from d3s.token_selection import LOWEST_SCORE, num_tokens_to_keep, select_tokens, token_scores, top_tokens_mask
+from d3s.token_selection import LOWEST_SCORE, select_tokens, token_scores
 
 
 class D3SGRPOTrainer(GRPOTrainer):
@@ -315,12 +315,8 @@ class D3SGRPOTrainer(GRPOTrainer):
         all_scores = gather_rows(self.accelerator, scores, -float("inf"), False)  # (P*R, T_max)
         all_advantages = gather_rows(self.accelerator, advantages, 0.0, False)  # (P*R,)
         offered = all_scores > -float("inf")  # (P*R, T_max)
-        n_valid = int(offered.sum())
-        if self.args.token_cut == "batch" and not self.args.min_tokens_per_rollout:  # the paper's cut
-            all_mask = top_tokens_mask(all_scores, num_tokens_to_keep(n_valid, fraction), n_valid=n_valid)
-        else:
-            all_mask = select_tokens(all_scores, fraction, advantages=all_advantages, cut=self.args.token_cut,
-                                     min_per_rollout=self.args.min_tokens_per_rollout)
+        all_mask = select_tokens(all_scores, fraction, advantages=all_advantages, cut=self.args.token_cut,
+                                 min_per_rollout=self.args.min_tokens_per_rollout)  # 'batch', no floor: the paper's
         n_nonfinite = int((all_scores == LOWEST_SCORE).sum())
         rank = self.accelerator.process_index
         balance = advantage_balance(all_advantages, all_mask, offered)
