@@ -92,7 +92,7 @@ def test_compare_runs_reuses_and_summarises(tmp_path, capsys):
 def test_every_shipped_recipe_validates(recipe):
     import torch
 
-    extra = [] if torch.cuda.is_available() else ["--bf16", "false"]  # GPU recipes, checked on a CPU
+    extra = [] if torch.cuda.is_available() else ["--precision", "fp32"]  # GPU recipes, checked on a CPU
     run, config, meta = parse_train_args(["--config", recipe, *extra])
     assert config.variant in {"d3s", "grpo", "gspo", "pods", "d1s", "d1s-c", "d2s", "d3s-i"}
     assert config.d3s_settings.num_generations == config.num_generations

@@ -130,7 +130,7 @@ def paper(request):
     name = request.param
     recipe = load_recipe(name)
     # The GPU-only switches are the only overrides: a CPU cannot validate bf16 training.
-    run, config, _ = parse_train_args(["--config", name, "--use_cpu", "true", "--bf16", "false"])
+    run, config, _ = parse_train_args(["--config", name, "--use_cpu", "true", "--precision", "fp32"])
     arch = architecture(name)
     return name, recipe, run, config, arch, num_parameters(arch)
 
@@ -241,5 +241,5 @@ def test_under_its_deepspeed_launcher_the_kl_metric_is_off_not_an_error(name, mo
     from d3s.integrations.trl import D3SConfig
 
     monkeypatch.setattr(D3SConfig, "d3s_sharded", property(lambda self: True))
-    _, config, _ = parse_train_args(["--config", name, "--use_cpu", "true", "--bf16", "false"])
+    _, config, _ = parse_train_args(["--config", name, "--use_cpu", "true", "--precision", "fp32"])
     assert config.beta == 0.0 and config.kl_log_every == 0

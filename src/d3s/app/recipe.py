@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -81,8 +82,9 @@ class RunArgs:
     )
     precision: str = field(
         default="auto",
-        metadata={"help": "'auto' (bf16 autocast where the device has native bf16 kernels: a recent GPU, a CPU "
-                  "with AVX512-BF16/AMX; else fp32), 'bf16' or 'fp32'."},
+        metadata={"help": "'auto' (bf16 autocast on a GPU with native bf16; fp32 on a CPU, where it gives the same "
+                  "results on every CPU; bf16 on an AVX512-BF16/AMX CPU makes a step ~0.84x), 'bf16' or 'fp32'. "
+                  "It decides over the recipe's bf16/fp16 and a launcher's --mixed_precision."},
     )
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in output_dir from its last checkpoint (schedule included)."}
@@ -283,11 +285,38 @@ def make_parser():
 
 
 def _device_defaults() -> dict[str, Any]:
-    """Under every recipe: a CPU-only machine trains on the CPU, in fp32 unless `precision` says
-    otherwise (`d3s train` turns on bf16 autocast itself), without gradient checkpointing."""
+    """Under every recipe: a CPU-only machine trains on the CPU, without gradient checkpointing (its
+    precision is `precision`'s, see `mixed_precision`)."""
     if torch.cuda.is_available():
         return {}
     return {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}
+
+
+def bf16_native(device: str) -> bool:
+    """Whether this device runs bf16 natively: a GPU that supports it, or a CPU whose oneDNN has bf16
+    kernels (AVX512-BF16 / AMX). Without them CPU autocast emulates bf16 and runs many times slower than
+    fp32 (measured: > 25x on an AVX2-only CPU)."""
+    if device.startswith("cuda"):
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def mixed_precision(precision: str, use_cpu: bool) -> str:
+    """The trainer's mixed precision for `precision` on this machine: 'bf16' (autocast) or 'no' (fp32).
+    'auto' is bf16 on a GPU with native bf16 and fp32 on a CPU. On a CPU with native bf16 (AVX512-BF16/AMX)
+    autocast shortens a default-recipe GRPO step to ~0.84x (forward 0.63x, backward 0.81x, generation 1.0x;
+    benchmarks/results/cpu-precision/), a D3S step less (generation is most of it), while fp32 runs are
+    bit-identical from CPU to CPU, so results compare across machines. `precision` decides over the
+    recipe's `bf16`/`fp16` and a launcher's `--mixed_precision`."""
+    device = "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
+    if precision == "bf16" and device == "cpu" and not bf16_native(device):
+        print("d3s train: note: precision bf16 on a CPU without native bf16 (AVX512-BF16/AMX) emulates it, "
+              "many times slower than fp32; precision auto or fp32 runs fp32", file=sys.stderr)
+    auto_bf16 = precision == "auto" and device != "cpu" and bf16_native(device)
+    return "bf16" if precision == "bf16" or auto_bf16 else "no"
 
 
 def _field_types() -> dict[str, str]:
@@ -444,6 +473,14 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
 
     try:
         run_args = RunArgs(**{f.name: values[f.name] for f in dataclasses.fields(RunArgs) if f.init})
+        # Settled before the config is built: TrainingArguments derives its mixed precision (and DeepSpeed's
+        # "auto" bf16) from `bf16` when built, so setting `bf16` afterwards would change nothing
+        precision = mixed_precision(run_args.precision, bool(values.get("use_cpu")))
+        if precision == "bf16" and not values.get("use_cpu") and not torch.cuda.is_available():
+            raise RecipeError(f"precision={run_args.precision!r} with use_cpu false trains in bf16 on a GPU, and no GPU "
+                              "is visible (CUDA); on this machine pass --use_cpu true (and --precision fp32: a CPU "
+                              "runs bf16 slower or emulated)")
+        values["bf16"], values["fp16"] = precision == "bf16", False
         config = D3SConfig(**{f.name: values[f.name] for f in dataclasses.fields(D3SConfig)
                               if f.init and f.name in values})
     except RecipeError:
@@ -452,7 +489,17 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
         _check_numbers(values, origin)  # a named bad number explains a failure deep inside TRL best
         raise RecipeError(str(err).strip().splitlines()[0]) from None
     _check_numbers(values, origin)
+    _apply_mixed_precision(config, precision)
     return run_args, config, {"name": recipe_name, "path": where, "values": recipe}
+
+
+def _apply_mixed_precision(config, precision: str) -> None:
+    """Make `precision` win over a launcher's `ACCELERATE_MIXED_PRECISION`, which TrainingArguments reads
+    first and keeps when `bf16` is off (and hands to an environment-made DeepSpeed plugin)."""
+    config.mixed_precision = precision
+    plugin = getattr(config, "deepspeed_plugin", None)
+    if plugin is not None and getattr(config, "deepspeed", None) is None:
+        plugin.set_mixed_precision(precision)
 
 
 def set_offline_defaults() -> None:

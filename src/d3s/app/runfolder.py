@@ -368,7 +368,9 @@ FREE_TRAINER_FIELDS = frozenset({
 
 
 # How a run was started, not what it trains: never reported as a change.
-_IGNORED_FIELDS = frozenset({"resume", "resume_from_checkpoint"})
+# `bf16`/`fp16` are requests; `mixed_precision` records what the trainer ran (before it was recorded, `bf16`
+# was set too late to take effect, so a record's `bf16: true` may have trained in fp32)
+_IGNORED_FIELDS = frozenset({"resume", "resume_from_checkpoint", "bf16", "fp16"})
 
 # Fields added after runs were recorded: a record without one trained as with this value (so committed runs stay
 # reusable).
@@ -376,6 +378,9 @@ ADDED_FIELDS = {
     "prompt_skip": False, "prompt_skip_explore": 0.5, "prompt_skip_history": 8,
     "dynamic_sampling": False, "dynamic_sampling_max_rounds": 3, "task_train_size": 0,
     "token_cut": "batch", "min_tokens_per_rollout": 0, "schedule_clock": "steps",
+    # Recorded since precision took effect: before, `bf16` was set after the trainer settings were built, so a
+    # run without a launcher's --mixed_precision trained in fp32 whatever its recorded `bf16` said
+    "mixed_precision": "no",
 }
 
 

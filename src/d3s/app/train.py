@@ -127,18 +127,6 @@ def _device(config) -> str:
     return "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
 
 
-def _bf16_fast(device: str) -> bool:
-    """Whether bf16 autocast pays off here: a GPU that supports it, or a CPU whose oneDNN has native
-    bf16 kernels (AVX512-BF16 / AMX). Without them CPU autocast emulates bf16 and runs many times
-    slower than fp32 (measured: > 25x on an AVX2-only CPU)."""
-    if device.startswith("cuda"):
-        return torch.cuda.is_bf16_supported()
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def _model_key(model_path: str, task_key: dict, max_new_tokens: int) -> str:
     p = Path(model_path)
     stamp = [str(f.stat().st_mtime_ns) for f in sorted(p.glob("*.safetensors"))] if p.is_dir() else []
@@ -319,12 +307,12 @@ def _check_same_training(out: Path, now: dict, notes: list[str]) -> None:
 
 
 def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
-    """Settle what the recipe leaves to the machine (precision: auto) and fix the logging the records need;
-    returns what `run_config.json` records: the run and trainer settings, the recipe and the code version."""
-    bf16 = run.precision == "bf16" or (run.precision == "auto" and _bf16_fast(_device(config)))
-    config.bf16, config.fp16 = bf16, False
+    """Fix the logging the records need; returns what `run_config.json` records: the run and trainer settings
+    (with the mixed precision the trainer runs, which `precision` settled when the config was built), the
+    recipe and the code version."""
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
-    return {"run": asdict(run), "trainer": config.to_dict(), "recipe": recipe, "code_version": code_version()}
+    trainer = {**config.to_dict(), "mixed_precision": config.mixed_precision}
+    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "code_version": code_version()}
 
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
