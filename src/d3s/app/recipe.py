@@ -309,7 +309,7 @@ def mixed_precision(precision: str, use_cpu: bool) -> str:
     'auto' is bf16 on a GPU with native bf16 and fp32 on a CPU. On a CPU with native bf16 (AVX512-BF16/AMX)
     autocast shortens a default-recipe GRPO step to ~0.84x (forward 0.63x, backward 0.81x, generation 1.0x;
     benchmarks/results/cpu-precision/), a D3S step less (generation is most of it), while fp32 runs are
-    bit-identical from CPU to CPU, so results compare across machines. `precision` decides over the
+    the same from CPU to CPU up to float rounding, so results compare across machines. `precision` decides over the
     recipe's `bf16`/`fp16` and a launcher's `--mixed_precision`."""
     device = "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
     if precision == "bf16" and device == "cpu" and not bf16_native(device):
