@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,8 +24,7 @@ PARTS = ("generation", "forward", "backward")
 def one_run(out: Path, precision: str, variant: str, steps: int) -> list[dict]:
     cmd = [sys.executable, "-m", "d3s.cli", "train", "--variant", variant, "--max_steps", str(steps),
            "--eval_every", "0", "--plots", "false", "--precision", precision, "--output_dir", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1",
-                                                                         **__import__("os").environ})
+    subprocess.run(cmd, check=True, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", **os.environ})
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if r["type"] == "train"][1:]
 

@@ -292,6 +292,11 @@ def _device_defaults() -> dict[str, Any]:
     return {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}
 
 
+def train_device(use_cpu: bool) -> str:
+    """Where training runs: 'cuda' when a GPU is visible and `use_cpu` is off, else 'cpu'."""
+    return "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
+
+
 def bf16_native(device: str) -> bool:
     """Whether this device runs bf16 natively: a GPU that supports it, or a CPU whose oneDNN has bf16
     kernels (AVX512-BF16 / AMX). Without them CPU autocast emulates bf16 and runs many times slower than
@@ -309,9 +314,9 @@ def mixed_precision(precision: str, use_cpu: bool) -> str:
     'auto' is bf16 on a GPU with native bf16 and fp32 on a CPU. On a CPU with native bf16 (AVX512-BF16/AMX)
     autocast shortens a default-recipe GRPO step to ~0.84x (forward 0.63x, backward 0.81x, generation 1.0x;
     benchmarks/results/cpu-precision/), a D3S step less (generation is most of it), while fp32 runs are
-    the same from CPU to CPU up to float rounding, so results compare across machines. `precision` decides over the
-    recipe's `bf16`/`fp16` and a launcher's `--mixed_precision`."""
-    device = "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
+    the same from CPU to CPU up to float rounding, so results compare across machines. `precision` decides
+    over the recipe's `bf16`/`fp16` and a launcher's `--mixed_precision`."""
+    device = train_device(use_cpu)
     if precision == "bf16" and device == "cpu" and not bf16_native(device):
         print("d3s train: note: precision bf16 on a CPU without native bf16 (AVX512-BF16/AMX) emulates it, "
               "many times slower than fp32; precision auto or fp32 runs fp32", file=sys.stderr)
@@ -477,9 +482,9 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
         # "auto" bf16) from `bf16` when built, so setting `bf16` afterwards would change nothing
         precision = mixed_precision(run_args.precision, bool(values.get("use_cpu")))
         if precision == "bf16" and not values.get("use_cpu") and not torch.cuda.is_available():
-            raise RecipeError(f"precision={run_args.precision!r} with use_cpu false trains in bf16 on a GPU, and no GPU "
-                              "is visible (CUDA); on this machine pass --use_cpu true (and --precision fp32: a CPU "
-                              "runs bf16 slower or emulated)")
+            raise RecipeError(f"precision={run_args.precision!r} with use_cpu false trains in bf16 on a GPU, and no "
+                              "GPU is visible (CUDA); on this machine pass --use_cpu true (and --precision fp32: a "
+                              "CPU runs bf16 slower or emulated)")
         values["bf16"], values["fp16"] = precision == "bf16", False
         config = D3SConfig(**{f.name: values[f.name] for f in dataclasses.fields(D3SConfig)
                               if f.init and f.name in values})

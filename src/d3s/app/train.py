@@ -50,7 +50,7 @@ from d3s.app.errors import RecipeError
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
-from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_defaults
+from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_defaults, train_device
 from d3s.app.runfolder import (
     STAGING_NAME,
     RunFolderError,
@@ -124,7 +124,7 @@ def _make_callback(run_log: RunLog, evaluate, eval_every: int):
 
 
 def _device(config) -> str:
-    return "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
+    return train_device(config.use_cpu)
 
 
 def _model_key(model_path: str, task_key: dict, max_new_tokens: int) -> str:
