@@ -175,8 +175,8 @@ def log_generation(metrics: dict, flat: torch.Tensor, seconds: float, counts: di
     metrics["d3s/flat_groups_generated"].append(float(counts["flat_generated"] if counts else flat.sum()))
     metrics["d3s/signal_groups"].append(float(signal))
     metrics["d3s/no_signal_step"].append(float(signal == 0))
-    # NaN when no group has signal: TRL's log leaves NaN out of its means
-    metrics["d3s/generation_s_per_signal_group"].append(seconds / signal if signal else float("nan"))
+    if signal:  # not logged for a batch without signal (TRL would log an all-NaN mean as None, which loggers refuse)
+        metrics["d3s/generation_s_per_signal_group"].append(seconds / signal)
     if counts:
         metrics["d3s/prompts_skipped"].append(float(counts["skipped"]))
         metrics["d3s/prompts_unfilled"].append(float(counts["unfilled"]))
