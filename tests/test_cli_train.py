@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,13 @@ def test_compare_runs_reuses_and_summarises(tmp_path, capsys):
     per_seed = summary["variants"]["d3s"]["per_seed"][0]
     assert per_seed["computed_tokens"] > 0 and per_seed["code_version"].startswith("0.1.0")
     assert summary["code_versions"] == [per_seed["code_version"]]
+    # each run records the machine it was timed on; both ran here, so their wall-clocks pair
+    machine = json.loads((root / "d3s-seed1" / "run_config.json").read_text())["machine"]
+    assert machine["cpu_count"] == os.cpu_count() and machine["accelerator"] is None and machine["processes"] == 1
+    assert per_seed["machine"] == machine == summary["variants"]["grpo"]["per_seed"][0]["machine"]
+    if per_seed["to_target"] is not None:
+        assert per_seed["to_target_vs_reference"]["same_machine"] is True
+    assert "not all timed on one machine" not in md
     # a finished run keeps only its final model (--keep_checkpoints model): no resume state
     kept = sorted(p.name for p in (root / "d3s-seed1").glob("checkpoint-*"))
     assert kept == ["checkpoint-2"]

@@ -3,14 +3,16 @@ steps with no signal, code versions (synthetic runs with known numbers, checked 
 
 import json
 import math
+import os
 import statistics
+from pathlib import Path
 
 import pytest
 
 from d3s.app.compare_markdown import render_markdown
-from d3s.app.compare_summary import summarize
+from d3s.app.compare_summary import same_machine, summarize
 from d3s.app.intervals import mean_interval, t_quantile_975
-from d3s.app.runfolder import no_signal_share
+from d3s.app.runfolder import machine_description, machine_label, no_signal_share
 
 
 def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1.0, 0.0), times=None):
@@ -129,3 +131,70 @@ def test_records_made_before_the_prompt_options_are_reusable():
     assert training_changes({"trainer": {"variant": "d3s"}}, now) == ([], [])
     changed, _ = training_changes({"trainer": {"variant": "d3s"}}, {"trainer": {"variant": "d3s", "prompt_skip": True}})
     assert changed == ["prompt_skip: False -> True"]
+
+
+_XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_count": 2, "cpu_flags": ["avx2", "avx512f", "avx512_bf16"],
+         "accelerator": None, "processes": 1, "torch": "2.13.0"}
+_EPYC = {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_flags": ["avx2"], "accelerator": None, "processes": 1,
+         "torch": "2.13.0"}
+
+
+def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_path):
+    # grpo: 60% final in every seed (target 60%), 240 s and 4 x 100 positions per run.
+    # d3s seed 1 reaches 60% at step 2 (120 s, 200 positions): half of grpo seed 1's run, timed on one machine;
+    # seed 2 reaches it at step 4 on another machine; seed 3 never does; seed 4 recorded no machine.
+    machines = {1: (_XEON, _XEON), 2: (_XEON, _EPYC), 3: (_XEON, _XEON), 4: (_XEON, None)}
+    curves = {1: [0.4, 0.6, 0.6], 2: [0.4, 0.5, 0.65], 3: [0.4, 0.5, 0.55], 4: [0.4, 0.7, 0.7]}
+    for seed, (ref_machine, machine) in machines.items():
+        _write_run(tmp_path / f"grpo-seed{seed}", 0.6, [0.4, 0.5, 0.6])
+        _write_run(tmp_path / f"d3s-seed{seed}", curves[seed][-1], curves[seed])
+        for name, m in (("grpo", ref_machine), ("d3s", machine)):
+            if m is not None:
+                (tmp_path / f"{name}-seed{seed}" / "run_config.json").write_text(json.dumps({"machine": m}))
+    summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2, 3, 4])
+    per_seed = {p["seed"]: p for p in summary["variants"]["d3s"]["per_seed"]}
+    assert per_seed[1]["to_target_vs_reference"] == {"wall_share": 0.5, "computed_share": 0.5, "same_machine": True}
+    assert per_seed[2]["to_target_vs_reference"] == {"wall_share": 1.0, "computed_share": 1.0, "same_machine": False}
+    assert per_seed[3]["to_target_vs_reference"] is None
+    assert per_seed[4]["to_target_vs_reference"]["same_machine"] is None
+    assert "to_target_vs_reference" not in summary["variants"]["grpo"]["per_seed"][0]
+    md = render_markdown(summary, "d3s compare ...")
+    assert "## Cost to reach grpo's final accuracy, seed by seed" in md
+    assert "| d3s | 1 | 2 | 2.0 min | 0.50 of 4.0 min | 0.50 | one machine |" in md
+    assert "| d3s | 2 | 4 | 4.0 min | 1.00 of 4.0 min | 1.00 | **different machines** |" in md
+    assert "| d3s | 3 | not reached (55.0% at the end) |" in md
+    assert "| d3s | 4 | 2 | 2.0 min | 0.50 of 4.0 min | 0.50 | not recorded |" in md
+    # the runs' table names each machine, and the notes say that the timings mix machines
+    assert "| d3s seed 2 | 65.0% | 4.0 min |" in md and "AMD EPYC, 2 CPUs, AVX2 |" in md
+    assert "Intel(R) Xeon(R) Processor, 2 CPUs, AVX-512 bf16 |" in md and "| not recorded |" in md
+    assert "**The runs were not all timed on one machine**" in md
+
+
+def test_one_machine_and_no_second_variant_add_no_notes(tmp_path):
+    for seed in (1, 2):
+        _write_run(tmp_path / f"grpo-seed{seed}", 0.6, [0.4, 0.5, 0.6])
+        (tmp_path / f"grpo-seed{seed}" / "run_config.json").write_text(json.dumps({"machine": _XEON}))
+    md = render_markdown(summarize(tmp_path, ["grpo"], [1, 2]), "d3s compare ...")
+    assert "seed by seed" not in md and "not all timed on one machine" not in md
+
+
+def test_machine_labels():
+    assert machine_label(None) == "not recorded"
+    assert machine_label({**_EPYC, "processes": 2}) == "AMD EPYC, 2 CPUs, AVX2, 2 processes"
+    assert machine_label({**_XEON, "accelerator": "NVIDIA H200"}) == "NVIDIA H200"
+    assert same_machine(_XEON, {**_XEON, "torch": "2.14.0"}) is True  # the torch version is not the machine
+    assert same_machine(_XEON, {**_XEON, "processes": 2}) is False and same_machine(_XEON, None) is None
+
+
+def test_machine_description_reads_this_machine(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    m = machine_description("Some GPU")
+    assert m["cpu_count"] == os.cpu_count() and m["processes"] == 3 and m["accelerator"] == "Some GPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():  # Linux: the first processor's model name, and the listed flags it has
+        lines = cpuinfo.read_text().splitlines()
+        model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
+        flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+        assert m["cpu"] == model
+        assert m["cpu_flags"] == [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
+                                  if f in flags]

@@ -1,8 +1,10 @@
 """`compare.md`: the summary of `d3s compare` (`d3s.app.compare_summary`) as markdown tables, one section
-per question: final accuracy, cost to reach the reference's accuracy, where a step's time goes, what
-generation bought, the runs."""
+per question: final accuracy, cost to reach the reference's accuracy (over seeds, then seed by seed), where a
+step's time goes, what generation bought, the runs and the machines they were timed on."""
 
 from __future__ import annotations
+
+from d3s.app.runfolder import machine_label
 
 
 def _pct(x: float | None) -> str:
@@ -74,6 +76,40 @@ def _cost(summary: dict) -> list[str]:
          "speedup (wall)", "speedup (computed)", "whole run: wall-clock", "whole run: positions computed"], rows)
 
 
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+_TIMED_ON = {True: "one machine", False: "**different machines**", None: "not recorded"}
+
+
+def _cost_per_seed(summary: dict) -> list[str]:
+    ref = summary["reference"]
+    ref_runs = {p["seed"]: p for p in summary["variants"][ref]["per_seed"]}
+    rows = []
+    for v, row in summary["variants"].items():
+        if v == ref:
+            continue
+        for p in row["per_seed"]:
+            hit, vs = p["to_target"], p.get("to_target_vs_reference")
+            if hit is None:
+                rows.append([v, str(p["seed"]), f"not reached ({_pct(p['final_accuracy'])} at the end)", "-", "-", "-",
+                             "-"])
+                continue
+            rows.append([v, str(p["seed"]), str(hit["step"]), _minutes(hit["wall_s"]),
+                         f"{_share(vs['wall_share'])} of {_minutes(ref_runs[p['seed']]['train_wall_s'])}",
+                         _share(vs["computed_share"]), _TIMED_ON[vs["same_machine"]]])
+    if not rows:
+        return []
+    return _section(
+        f"Cost to reach {ref}'s final accuracy, seed by seed",
+        f"Each run's training wall-clock and positions computed to the target, as a share of the same seed's whole "
+        f"{ref} run. A wall-clock share compares two timings: it means something only when both runs were timed on "
+        "one machine (as recorded with each run); positions computed do not depend on the machine.",
+        ["variant", "seed", "step reached", "wall-clock to target", f"share of {ref}'s training wall-clock",
+         f"share of {ref}'s positions computed", "timed on"], rows)
+
+
 def _step_time(summary: dict) -> list[str]:
     ref = summary["reference"]
     timed = [row["step_seconds_mean"] or {} for row in summary["variants"].values()]
@@ -115,13 +151,15 @@ def _generation(summary: dict) -> list[str]:
 
 def _runs(summary: dict) -> list[str]:
     rows = [[f"{v} seed {p['seed']}", _pct(p["final_accuracy"]), _minutes(p["train_wall_s"]),
-             _minutes(p["command_wall_s"]), _pct(p["no_signal_steps"]), f"`{p['code_version']}`"]
+             _minutes(p["command_wall_s"]), _pct(p["no_signal_steps"]), f"`{p['code_version']}`",
+             machine_label(p.get("machine"))]
             for v, row in summary["variants"].items() for p in row["per_seed"]]
     return _section(
         "Runs",
         "Training wall-clock, and the whole `d3s train` command that finished the run (model loading and held-out "
         "evaluations included; a resumed run: its last part).",
-        ["run", "final acc", "training wall-clock", "whole command", "steps with no signal", "code version"], rows)
+        ["run", "final acc", "training wall-clock", "whole command", "steps with no signal", "code version",
+         "machine"], rows)
 
 
 def _notes(summary: dict) -> list[str]:
@@ -136,6 +174,11 @@ def _notes(summary: dict) -> list[str]:
         lines += ["**The runs were made by different code versions**; per run:", ""]
         for v, row in summary["variants"].items():
             lines.append(f"- {v}: " + ", ".join(f"seed {p['seed']} `{p['code_version']}`" for p in row["per_seed"]))
+    machines = {machine_label(p.get("machine")) for row in summary["variants"].values() for p in row["per_seed"]}
+    if len(machines) > 1:
+        lines += ["", "**The runs were not all timed on one machine** (or not all recorded theirs; see the runs' "
+                      "table): wall-clock figures compare timings across machines. Accuracies and positions "
+                      "computed do not depend on it."]
     unchecked = [f"{v} seed {p['seed']}" for v, row in summary["variants"].items() for p in row["per_seed"]
                  if not p["recipe_checked"]]
     if unchecked:
@@ -153,6 +196,8 @@ def render_markdown(summary: dict, command: str) -> str:
         "",
         *_accuracy(summary),
     ]
-    for section in (_cost, _step_time, _generation, _runs):
-        lines += ["", *section(summary)]
+    for section in (_cost, _cost_per_seed, _step_time, _generation, _runs):
+        body = section(summary)
+        if body:
+            lines += ["", *body]
     return "\n".join(lines + _notes(summary)) + "\n"

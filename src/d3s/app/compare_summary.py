@@ -4,7 +4,9 @@
   t-interval over seeds and the 95% Wilson interval of the pooled held-out answers (`d3s.app.intervals`);
   the difference to the reference variant (`grpo` if present) with a paired 95% t-interval over seeds.
 - Cost to reach the reference's final accuracy (Table 3): training wall-clock, tokens in the loss and
-  training-forward positions computed, at the first held-out evaluation at or above it, per seed.
+  training-forward positions computed, at the first held-out evaluation at or above it, per seed; seed by
+  seed, that wall-clock and those positions as a share of the same seed's whole reference run, with whether
+  both runs were timed on one machine (`run_config.json`'s `machine`).
 - The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), what
   generation bought (prompts skipped, flat groups generated, generation seconds per group with signal), the
   seconds per step and its timed parts, the code version of every run.
@@ -40,6 +42,14 @@ def _run_version(folder: Path, summary: dict) -> str:
         return "not recorded"
 
 
+def _run_machine(folder: Path) -> dict | None:
+    """The machine the run recorded (`run_config.json`'s `machine`); None for runs made before it was."""
+    try:
+        return json.loads((folder / "run_config.json").read_text()).get("machine")
+    except (OSError, ValueError):
+        return None
+
+
 def _spread(values: list[float]) -> list[float] | None:
     return [min(values), max(values)] if values else None
 
@@ -61,7 +71,8 @@ def _load_run(root: Path, variant: str, seed: int) -> dict:
     summary = json.loads((folder / "summary.json").read_text())
     records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
     return {"seed": seed, "summary": summary, "records": records,
-            "version": _run_version(folder, summary), "recipe_checked": (folder / "run_config.json").is_file()}
+            "version": _run_version(folder, summary), "recipe_checked": (folder / "run_config.json").is_file(),
+            "machine": _run_machine(folder)}
 
 
 def _seed_row(run: dict, hit: dict | None) -> dict:
@@ -83,6 +94,7 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
                                                                      "computed_tokens")},
         "code_version": run["version"],
         "recipe_checked": run["recipe_checked"],
+        "machine": run["machine"],
     }
 
 
@@ -122,6 +134,27 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
     }
 
 
+def same_machine(a: dict | None, b: dict | None) -> bool | None:
+    """Whether two recorded machines are one kind of machine (CPU model, cores, accelerator, processes; not the
+    torch version); None when either run did not record it."""
+    if not a or not b:
+        return None
+    keys = ("cpu", "cpu_count", "cpu_flags", "accelerator", "processes")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def _against_reference(run: dict, ref: dict) -> dict | None:
+    """A run's cost to the target as a share of the same seed's whole reference run: training wall-clock and
+    positions computed, and whether both were timed on one machine. None when the run never reached it."""
+    hit = run["to_target"]
+    if hit is None:
+        return None
+    return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] else None,
+            "computed_share": (hit["computed_tokens"] / ref["computed_tokens"]
+                               if hit.get("computed_tokens") is not None and ref["computed_tokens"] else None),
+            "same_machine": same_machine(run["machine"], ref["machine"])}
+
+
 def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
     """The summary of the finished runs `root/<variant>-seed<seed>/` (what `compare.json` holds)."""
     runs = {v: [_load_run(root, v, s) for s in seeds] for v in variants}
@@ -135,6 +168,11 @@ def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
                           ("computed", "computed_to_target_mean")):
             mine, theirs = row[key], ref[key]
             row[f"speedup_{kind}"] = theirs / mine if mine and theirs else None
+    ref_runs = {p["seed"]: p for p in ref["per_seed"]}
+    for v, row in table.items():
+        if v != reference:
+            for p in row["per_seed"]:
+                p["to_target_vs_reference"] = _against_reference(p, ref_runs[p["seed"]])
     versions = sorted({p["code_version"] for row in table.values() for p in row["per_seed"]})
     return {"reference": reference, "target_accuracy": target, "seeds": seeds, "variants": table,
             "code_versions": versions}

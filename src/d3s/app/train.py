@@ -62,6 +62,7 @@ from d3s.app.runfolder import (
     complete_checkpoints,
     eval_result,
     generation_summary,
+    machine_description,
     no_signal_share,
     read_run_records,
     read_summary,
@@ -309,10 +310,12 @@ def _check_same_training(out: Path, now: dict, notes: list[str]) -> None:
 def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
     """Fix the logging the records need; returns what `run_config.json` records: the run and trainer settings
     (with the mixed precision the trainer runs, which `precision` settled when the config was built), the
-    recipe and the code version."""
+    recipe, the code version and the machine it is timed on."""
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
     trainer = {**config.to_dict(), "mixed_precision": config.mixed_precision}
-    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "code_version": code_version()}
+    accelerator = torch.cuda.get_device_name() if _device(config) == "cuda" else None
+    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "code_version": code_version(),
+            "machine": machine_description(accelerator)}
 
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
