@@ -198,3 +198,37 @@ def test_machine_description_reads_this_machine(monkeypatch):
         assert m["cpu"] == model
         assert m["cpu_flags"] == [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
                                   if f in flags]
+
+
+def test_record_machine_fills_runs_made_before_machines_were_recorded(tmp_path, capsys):
+    import importlib.util
+
+    from d3s.app import runfolder
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "record_machine.py"
+    spec = importlib.util.spec_from_file_location("record_machine", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.CPU_FLAGS == runfolder._CPU_FLAGS
+    lscpu = tmp_path / "lscpu.txt"
+    lscpu.write_text("Architecture:   x86_64\nCPU(s):     2\nModel name:   AMD EPYC\n"
+                     "Flags:    fpu sse2 avx avx2 fma\nNUMA node(s): 1\n")
+    old, new, bare = tmp_path / "old", tmp_path / "new", tmp_path / "bare"
+    for run in (old, new, bare):
+        run.mkdir()
+    (old / "run_config.json").write_text(json.dumps({"trainer": {"seed": 1}}))
+    (new / "run_config.json").write_text(json.dumps({"machine": _XEON}))
+    assert module.main([str(old), str(new), str(bare), "--lscpu", str(lscpu)]) == 0
+    saved = json.loads((old / "run_config.json").read_text())
+    assert saved["trainer"] == {"seed": 1}
+    assert saved["machine"] == {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_flags": ["avx2"], "accelerator": None,
+                                "processes": 1, "torch": None,
+                                "source": f"lscpu output saved with the runs: {lscpu}"}
+    assert same_machine(saved["machine"], _EPYC) is True and machine_label(saved["machine"]) == "AMD EPYC, 2 CPUs, AVX2"
+    assert json.loads((new / "run_config.json").read_text()) == {"machine": _XEON}  # recorded: left alone
+    assert not (bare / "run_config.json").exists()
+    out = capsys.readouterr().out
+    assert "old: machine added" in out and "records its machine already" in out and "no run_config.json" in out
+    lscpu.write_text("Architecture: x86_64\n")
+    assert module.main([str(old), "--lscpu", str(lscpu)]) == 2
+    assert "no Model name, CPU(s), Flags line" in capsys.readouterr().err
