@@ -18,6 +18,10 @@ table (markdown):
 - where the learning rate went: K and N weighted by each step's learning rate (what the schedule looks like
   to the optimizer), against the plain means over steps.
 
+A second table follows the completions' length (`completions/mean_length`) from the first 5 steps to the last 5,
+and the share of completions cut off at `max_completion_length` in the last 5 (`completions/clipped_ratio`): a
+policy that drifts to the length cap answers fewer held-out problems within it.
+
 Standard library only.
 """
 
@@ -104,6 +108,26 @@ def diagnose(runs: list[tuple[dict, list[dict]]]) -> dict:
     }
 
 
+def lengths(runs: list[tuple[dict, list[dict]]], window: int = 5) -> dict:
+    """Mean completion length over the first and the last `window` steps, and the share cut off at the
+    length cap in the last `window`: means over steps, then over runs; per run, the last window's length."""
+    def mean_of(train: list[dict], key: str) -> float | None:
+        values = [r[key] for r in train if r.get(key) is not None]
+        return statistics.mean(values) if values else None
+
+    first, last, cut, per_run = [], [], [], []
+    for _, train in runs:
+        head, tail = train[:window], train[-window:]
+        for into, part, key in ((first, head, "completions/mean_length"), (last, tail, "completions/mean_length"),
+                                (cut, tail, "completions/clipped_ratio")):
+            value = mean_of(part, key)
+            if value is not None:
+                into.append(value)
+        per_run.append(mean_of(tail, "completions/mean_length"))
+    return {"first": statistics.mean(first) if first else None, "last": statistics.mean(last) if last else None,
+            "cut_last": 100.0 * statistics.mean(cut) if cut else None, "per_run_last": per_run}
+
+
 def table(folder: Path) -> str:
     runs = runs_in(folder)
     if not runs:
@@ -132,6 +156,22 @@ def table(folder: Path) -> str:
             f"{_fmt(d['clipped'], '.0f', '%')} | {_fmt(d['k_lr_weighted'], '.3f')} ({_fmt(d['k_mean'], '.3f')}) | "
             f"{_fmt(d['n_lr_weighted'])} ({_fmt(d['n_mean'])}) |"
         )
+    lines += [
+        "",
+        "## Completion length",
+        "",
+        "Mean completion length (tokens) over the first 5 and the last 5 training steps, and the share of "
+        "completions cut off at `max_completion_length` over the last 5; means over each name's runs, then the "
+        "last 5 steps' length run by run (in the order of the run folders' names).",
+        "",
+        "| name | runs | length, first 5 steps | length, last 5 steps | cut off at the cap, last 5 steps | "
+        "last 5 steps, per run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in sorted(runs):
+        d = lengths(runs[name])
+        lines.append(f"| {name} | {len(runs[name])} | {_fmt(d['first'])} | {_fmt(d['last'])} | "
+                     f"{_fmt(d['cut_last'], '.0f', '%')} | {', '.join(_fmt(x) for x in d['per_run_last'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 `token_cut` 'sign' and 'rollout', the `min_per_rollout` floor, the one-sided metric and the learning-rate clock."""
 
 import math
+import statistics
 from fractions import Fraction
 
 import pytest
@@ -247,6 +248,18 @@ def test_the_diagnosis_script_recomputes_a_campaign(tmp_path):
     assert d["clipped"] == 50.0 and d["grad_norm_median"] == pytest.approx(15.25)
     assert d["k_lr_weighted"] == pytest.approx((3 * 0.05 + 1 * 0.15) / 4) and d["k_mean"] == pytest.approx(0.1)
     assert "| d2s | 2 | 4 |" in module.table(tmp_path)
+    # completion length: first and last steps (a window of 1 here), the share cut off at the cap in the last
+    for seed, (start, end) in ((1, (20.0, 46.0)), (2, (30.0, 12.0))):
+        path = tmp_path / f"d2s-seed{seed}" / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for row, length, cut in zip(rows, (start, end), (0.0, 0.5 * seed)):
+            row.update({"completions/mean_length": length, "completions/clipped_ratio": cut})
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = module.runs_in(tmp_path)["d2s"]
+    assert module.lengths(runs, window=1) == {"first": 25.0, "last": 29.0, "cut_last": 75.0,
+                                              "per_run_last": [46.0, 12.0]}
+    assert module.lengths(runs)["first"] == pytest.approx(statistics.mean([33.0, 21.0]))  # both steps, each run
+    assert "| d2s | 2 | 27.0 | 27.0 | 38% | 33.0, 21.0 |" in module.table(tmp_path)
 
 
 def test_runs_recorded_before_the_options_existed_stay_reusable():
