@@ -26,7 +26,7 @@ def top(scores, items, k):
     return set(sorted(items, key=lambda it: (-float(scores[it]), it[0] * T + it[1]))[:k])
 
 
-def loop_reference(scores, fraction, adv, cut, floor):
+def loop_reference(scores, fraction, adv, cut, floor, keep_last=False):
     S, T = scores.shape
     a = adv.unsqueeze(1).expand(S, T) if adv.dim() == 1 else adv.expand(S, T)
     valid = [(i, t) for i in range(S) for t in range(T) if scores[i, t] > -INF]
@@ -53,6 +53,8 @@ def loop_reference(scores, fraction, adv, cut, floor):
     for r, row in enumerate(rows):
         if floor and any(a[it] != 0 for it in row):
             keep |= top(scores, row, min(floor, len(row)))
+        if keep_last and row and any(a[it] != 0 for it in row):
+            keep.add(max(row))  # the row's last valid (i, t)
     mask = torch.zeros(S, T, dtype=torch.bool)
     for it in keep:
         mask[it] = True
@@ -79,15 +81,36 @@ def random_case(seed):
 
 @pytest.mark.parametrize("cut", ["batch", "sign", "rollout"])
 @pytest.mark.parametrize("floor", [0, 1, 3])
+@pytest.mark.parametrize("keep_last", [False, True])
 @pytest.mark.parametrize("seed", range(30))
-def test_select_tokens_matches_a_plain_loop(cut, floor, seed):
+def test_select_tokens_matches_a_plain_loop(cut, floor, keep_last, seed):
     adv, ent, mask = random_case(seed)
     fraction = [0.05, 0.1, 0.2, 0.5, 1.0][seed % 5]
     scores = token_scores(adv, ent, mask)
-    got = select_tokens(scores, fraction, advantages=adv, cut=cut, min_per_rollout=floor)
-    assert torch.equal(got, loop_reference(scores, fraction, adv, cut, floor))
+    got = select_tokens(scores, fraction, advantages=adv, cut=cut, min_per_rollout=floor, keep_last=keep_last)
+    assert torch.equal(got, loop_reference(scores, fraction, adv, cut, floor, keep_last))
     assert not (got & ~mask).any()  # never padding
-    assert torch.equal(d3s.token_mask(adv, ent, mask, fraction, cut=cut, min_per_rollout=floor), got)
+    assert torch.equal(d3s.token_mask(adv, ent, mask, fraction, cut=cut, min_per_rollout=floor, keep_last=keep_last),
+                       got)
+
+
+def test_keep_last_keeps_the_end_token_the_paper_cut_leaves_out():
+    # Three rollouts that stopped (lengths 5, 3, 6) and one with no signal; the last tokens score lowest.
+    adv = torch.tensor([1.5, -0.5, 0.0, -1.0])
+    lengths = torch.tensor([5, 3, 4, 6])
+    mask = torch.arange(8)[None, :] < lengths[:, None]
+    ent = torch.ones(4, 8)
+    ent[torch.arange(4), lengths - 1] = 0.01  # a confident end-of-sequence token
+    paper = d3s.token_mask(adv, ent, mask, 0.2)
+    assert not paper[torch.arange(4), lengths - 1].any()
+    kept = d3s.token_mask(adv, ent, mask, 0.2, keep_last=True)
+    assert kept[[0, 1, 3], [4, 2, 5]].all() and not kept[2, 3]  # A = 0: nothing to learn, nothing added
+    assert torch.equal(kept & ~paper, torch.zeros_like(kept).index_put_((torch.tensor([0, 1, 3]), torch.tensor([4, 2, 5])),
+                                                                         torch.tensor(True)))
+    with pytest.raises(ValueError, match="keep_last=1 must be True or False"):
+        select_tokens(token_scores(adv, ent, mask), 0.2, advantages=adv, keep_last=1)
+    with pytest.raises(ValueError, match="need the advantages"):
+        select_tokens(token_scores(adv, ent, mask), 0.2, keep_last=True)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -267,7 +290,7 @@ def test_runs_recorded_before_the_options_existed_stay_reusable():
 
     old = {"trainer": {"variant": "d3s", "k_init": 0.05}}
     same = {"trainer": {"variant": "d3s", "k_init": 0.05, "token_cut": "batch", "min_tokens_per_rollout": 0,
-                        "schedule_clock": "steps"}}
+                        "schedule_clock": "steps", "keep_last_token": False}}
     assert training_changes(old, same) == ([], [])
     changed, _ = training_changes(old, {"trainer": {**same["trainer"], "token_cut": "sign"}})
     assert changed == ["token_cut: 'batch' -> 'sign'"]
@@ -279,6 +302,7 @@ def test_a_variant_carries_the_options_and_validates_them():
     assert (d3s.VARIANTS["d3s"].token_cut, d3s.VARIANTS["d3s"].min_tokens_per_rollout) == ("batch", 0)  # the paper's
     for field, value, match in (("token_cut", "top", "token_cut='top'; valid"),
                                 ("min_tokens_per_rollout", True, "min_tokens_per_rollout=True must be an integer"),
+                                ("keep_last_token", "yes", "keep_last_token='yes' must be True or False"),
                                 ("schedule_clock", "epochs", "schedule_clock='epochs'; valid")):
         with pytest.raises(ValueError, match=match):
             d3s.get_variant("d3s", **{field: value})

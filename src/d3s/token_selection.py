@@ -162,6 +162,7 @@ def token_mask(
     *,
     cut: str = "batch",
     min_per_rollout: int = 0,
+    keep_last: bool = False,
 ) -> torch.Tensor:
     """Top-`fraction` tokens by |A| * H over all valid tokens of the batch (paper eq. 8).
 
@@ -170,8 +171,8 @@ def token_mask(
         entropies: `(S, T)` policy entropies.
         completion_mask: `(S, T)` valid-token mask.
         fraction: K, a real number in (0, 1] (not a bool).
-        cut, min_per_rollout: where the cut is taken and a floor per rollout (`select_tokens`);
-            the defaults are the paper's cut.
+        cut, min_per_rollout, keep_last: where the cut is taken, a floor per rollout and whether each
+            rollout's last token is kept (`select_tokens`); the defaults are the paper's cut.
 
     Returns:
         bool `(S, T)`: with the defaults, exactly `num_tokens_to_keep(n_valid, fraction)` valid tokens.
@@ -180,7 +181,8 @@ def token_mask(
         ValueError: naming the argument, as `token_scores`, `num_tokens_to_keep` and `select_tokens` do.
     """
     scores = token_scores(advantages, entropies, completion_mask)  # (S, T)
-    return select_tokens(scores, fraction, advantages=advantages, cut=cut, min_per_rollout=min_per_rollout)
+    return select_tokens(scores, fraction, advantages=advantages, cut=cut, min_per_rollout=min_per_rollout,
+                         keep_last=keep_last)
 
 
 # -- Options beyond the paper (docs/method.md section 9.2): where the cut is taken, and a floor -------------
@@ -198,6 +200,7 @@ def select_tokens(
     advantages: torch.Tensor | None = None,
     cut: str = "batch",
     min_per_rollout: int = 0,
+    keep_last: bool = False,
 ) -> torch.Tensor:
     """The token mask for scores from `token_scores`, with the cut taken where `cut` says, plus a floor.
 
@@ -210,15 +213,18 @@ def select_tokens(
     - `cut="rollout"`: the top `num_tokens_to_keep(n_i, fraction)` scores of each rollout (row).
     - `min_per_rollout=m`: on top of the cut, every rollout whose advantage is non-zero keeps its top
       `min(m, n_i)` tokens.
+    - `keep_last=True`: on top of the cut, every rollout whose advantage is non-zero keeps its last valid
+      token: its end-of-sequence token when it stopped, the token at the length limit when it did not.
 
     Ties are broken by position (lower first), as in `top_tokens_mask`.
 
     Args:
         scores: `(S, T)` scores from `token_scores` (-inf on padding).
         fraction: K in (0, 1].
-        advantages: `(S,)`, `(S, 1)` or `(S, T)`; needed for `cut="sign"` and `min_per_rollout > 0`.
+        advantages: `(S,)`, `(S, 1)` or `(S, T)`; needed for `cut="sign"`, `min_per_rollout > 0` and `keep_last`.
         cut: one of `TOKEN_CUTS`.
         min_per_rollout: an integer >= 0.
+        keep_last: a bool.
 
     Returns:
         bool `(S, T)`, never a padding token.
@@ -231,12 +237,14 @@ def select_tokens(
     if cut not in TOKEN_CUTS:
         raise ValueError(f"cut={cut!r}; valid: {', '.join(map(repr, TOKEN_CUTS))}")
     min_per_rollout = _checks.as_int("min_per_rollout", min_per_rollout, low=0)
+    if not isinstance(keep_last, bool):
+        raise ValueError(f"keep_last={keep_last!r} must be True or False")
     valid = scores > -float("inf")  # (S, T)
     n_valid = int(valid.sum())
     signs = None
-    if cut == "sign" or min_per_rollout > 0:
+    if cut == "sign" or min_per_rollout > 0 or keep_last:
         if advantages is None:
-            raise ValueError(f"cut={cut!r}, min_per_rollout={min_per_rollout} need the advantages")
+            raise ValueError(f"cut={cut!r}, min_per_rollout={min_per_rollout}, keep_last={keep_last} need the advantages")
         _checks.tensor("advantages", advantages)
         S, T = scores.shape
         if advantages.shape not in ((S,), (S, 1), (S, T)):
@@ -255,6 +263,12 @@ def select_tokens(
         signal = (signs != 0).any(dim=1)  # (S,) rows whose advantage is non-zero
         floor = valid.sum(dim=1).clamp(max=min_per_rollout) * signal  # (S,)
         keep = keep | _top_per_row(scores, floor)
+    if keep_last:
+        signal = (signs != 0).any(dim=1)  # (S,); a row with no valid token has no sign either
+        S, T = scores.shape
+        last = (valid * torch.arange(1, T + 1, device=scores.device)).argmax(dim=1)  # (S,) the last valid position
+        keep = keep.clone()
+        keep[torch.arange(S, device=scores.device)[signal], last[signal]] = True
     return keep
 
 

@@ -91,6 +91,14 @@ class D3SConfig(GRPOConfig):
             "(a floor for short completions). Default: the variant's, else 0 (the paper): no floor."
         ),
     )
+    keep_last_token: bool | None = field(
+        default=None,
+        metadata=_h(
+            "With token selection: every kept rollout with a non-zero advantage also keeps its last token (its "
+            "end-of-sequence token when it stopped, so the loss always holds the choice to stop). Default: the "
+            "variant's, else False (the paper)."
+        ),
+    )
     schedule_clock: str | None = field(
         default=None,
         metadata=_h(
@@ -188,6 +196,7 @@ class D3SConfig(GRPOConfig):
                 "normalizer": v.normalizer,
                 "token_cut": v.token_cut,
                 "min_tokens_per_rollout": v.min_tokens_per_rollout,
+                "keep_last_token": v.keep_last_token,
                 "schedule_clock": v.schedule_clock,
             }
             for name, value in defaults.items():
@@ -217,6 +226,8 @@ class D3SConfig(GRPOConfig):
             self.token_cut = "batch"
         if self.min_tokens_per_rollout is None:
             self.min_tokens_per_rollout = 0
+        if self.keep_last_token is None:
+            self.keep_last_token = False
         if self.schedule_clock is None:
             self.schedule_clock = "steps"
         if self.sample_selection == "none":
@@ -315,5 +326,6 @@ class D3SConfig(GRPOConfig):
             normalizer=self.normalizer,
             token_cut=self.token_cut,
             min_tokens_per_rollout=self.min_tokens_per_rollout,
+            keep_last_token=self.keep_last_token,
             schedule_clock=self.schedule_clock,
         )
