@@ -288,12 +288,42 @@ def test_the_diagnosis_script_recomputes_a_campaign(tmp_path):
 def test_runs_recorded_before_the_options_existed_stay_reusable():
     from d3s.app.runfolder import training_changes
 
-    old = {"trainer": {"variant": "d3s", "k_init": 0.05}}
-    same = {"trainer": {"variant": "d3s", "k_init": 0.05, "token_cut": "batch", "min_tokens_per_rollout": 0,
+    old = {"trainer": {"variant": "d3s", "token_selection": True, "schedule": "linear", "k_init": 0.05}}
+    same = {"trainer": {**old["trainer"], "token_cut": "batch", "min_tokens_per_rollout": 0,
                         "schedule_clock": "steps", "keep_last_token": False}}
     assert training_changes(old, same) == ([], [])
     changed, _ = training_changes(old, {"trainer": {**same["trainer"], "token_cut": "sign"}})
     assert changed == ["token_cut: 'batch' -> 'sign'"]
+
+
+def test_options_a_run_cannot_use_are_no_reason_to_retrain_it():
+    from d3s.app.runfolder import training_changes
+
+    grpo = {"trainer": {"variant": "grpo", "token_selection": False, "schedule": "constant",
+                        "min_tokens_per_rollout": 0, "keep_last_token": False, "schedule_clock": "steps"}}
+    floor = {"trainer": {**grpo["trainer"], "min_tokens_per_rollout": 4, "keep_last_token": True,
+                         "schedule_clock": "learning_rate"}}
+    assert training_changes(grpo, floor) == ([], ["keep_last_token: False -> True",
+                                                 "min_tokens_per_rollout: 0 -> 4",
+                                                 "schedule_clock: 'steps' -> 'learning_rate'"])
+    d3s_paper = {"trainer": {**grpo["trainer"], "variant": "d3s", "token_selection": True, "schedule": "linear"}}
+    d3s_floor = {"trainer": {**d3s_paper["trainer"], "min_tokens_per_rollout": 4}}
+    assert training_changes(d3s_paper, d3s_floor) == (["min_tokens_per_rollout: 0 -> 4"], [])
+    # a token cut on one side only: the option matters there
+    assert training_changes(d3s_floor, floor)[0] == ["keep_last_token: False -> True", "schedule: 'linear' -> 'constant'",
+                                                    "schedule_clock: 'steps' -> 'learning_rate'",
+                                                    "token_selection: True -> False", "variant: 'd3s' -> 'grpo'"]
+
+
+def test_the_default_recipe_runs_d3s_with_the_floor_and_the_paper_cut_is_one_flag_away():
+    from d3s.app.recipe import parse_train_args
+
+    _, config, _ = parse_train_args([])
+    assert (config.variant, config.min_tokens_per_rollout, config.token_cut) == ("d3s", 4, "batch")
+    _, paper, _ = parse_train_args(["--min_tokens_per_rollout", "0"])
+    assert paper.d3s_settings == d3s.VARIANTS["d3s"].replace(num_generations=16, n_init=4, n_final=16)
+    _, grpo, _ = parse_train_args(["--variant", "grpo"])
+    assert not grpo.token_selection  # the floor is inert there
 
 
 def test_a_variant_carries_the_options_and_validates_them():

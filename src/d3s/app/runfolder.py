@@ -389,10 +389,21 @@ def _normal(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+# Fields that change nothing where the run has no token cut (`token_selection` off) or no linear schedule: a
+# recipe may set them for every variant it runs (`d3s compare`), and a difference in them is free there.
+_INERT_UNLESS = {
+    "token_cut": lambda trainer: bool(trainer.get("token_selection")),
+    "min_tokens_per_rollout": lambda trainer: bool(trainer.get("token_selection")),
+    "keep_last_token": lambda trainer: bool(trainer.get("token_selection")),
+    "schedule_clock": lambda trainer: trainer.get("schedule") == "linear",
+}
+
+
 def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """Compare two `run_config.json` contents: `(changes that alter training, free changes)`, each as
     `field: old -> new`. Fields missing on one side are compared against None (a field of
-    `ADDED_FIELDS`: against the value runs had before it existed)."""
+    `ADDED_FIELDS`: against the value runs had before it existed). A token-cut option that differs between two
+    runs without a token cut (a schedule clock, between two runs without a linear schedule) is a free change."""
     changed, free = [], []
     for section, allowed in (("run", FREE_RUN_FIELDS), ("trainer", FREE_TRAINER_FIELDS)):
         a, b = saved.get(section) or {}, now.get(section) or {}
@@ -401,7 +412,9 @@ def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
                 continue
             old, new = _normal(a.get(name, ADDED_FIELDS.get(name))), _normal(b.get(name, ADDED_FIELDS.get(name)))
             if old != new:
-                (free if name in allowed else changed).append(f"{name}: {old!r} -> {new!r}")
+                inert = section == "trainer" and name in _INERT_UNLESS and not (
+                    _INERT_UNLESS[name](a) or _INERT_UNLESS[name](b))
+                (free if name in allowed or inert else changed).append(f"{name}: {old!r} -> {new!r}")
     return changed, free
 
 
