@@ -224,9 +224,43 @@ def test_token_cut_warnings_name_the_setting_to_change():
     assert token_cut_warnings([5.0, 6.0, 7.0], [1, 1, 1], k_init=0.2, k_final=0.2, token_cut="sign") == {}
 
 
-def _records(per_rollout, one_sided, norms):
+def test_a_drift_to_the_length_cap_is_said_with_what_to_compare():
+    ok = [8.0] * 10
+    drift = [0.0, 0.1, 0.0, 0.1, 0.0] + [0.3, 0.5, 0.7, 0.8, 0.9]  # last 5: 64% against 4%
+    found = token_cut_warnings(ok, [0] * 10, k_init=0.05, k_final=0.2, clipped=drift)
+    assert set(found) == {"length_cap"}
+    assert "64% cut off over the last 5 generation batches (4% over the first 5)" in found["length_cap"]
+    assert "keep_last_token=True" in found["length_cap"]
+    assert "keep_last_token" not in token_cut_warnings(ok, [0] * 10, k_init=0.05, k_final=0.2, clipped=drift,
+                                                       keep_last_token=True)["length_cap"]
+    # said from the length record alone, before the token record is long enough for the other warnings
+    assert set(token_cut_warnings([8.0], [0], k_init=0.05, k_final=0.2, clipped=drift)) == {"length_cap"}
+    for quiet in (drift[1:],  # fewer than two windows
+                  [0.9] * 5 + [0.55] * 5,  # half cut off, but falling: learning to answer shorter
+                  [0.0] * 5 + [0.45] * 5,  # rising, below half
+                  [0.9] * 5 + [0.0] * 5):  # away from the cap
+        assert token_cut_warnings(ok, [0] * 10, k_init=0.05, k_final=0.2, clipped=quiet) == {}
+    assert set(token_cut_warnings(ok, [0] * 10, k_init=0.05, k_final=0.2, clipped=[0.5] * 10)) == {
+        "length_cap"}  # at the thresholds: half cut off from start to end
+
+
+def test_the_live_diagnosis_says_the_drift_once(capsys):
+    from types import SimpleNamespace
+
+    from d3s.integrations.trl.step_metrics import TokenCutDiagnosis
+
+    diagnosis = TokenCutDiagnosis(SimpleNamespace(k_init=0.05, k_final=0.2, token_cut="batch", keep_last_token=False))
+    for share in [0.0] * 5 + [0.6] * 7:
+        diagnosis.update(8.0, False, True, clipped=share)
+    assert capsys.readouterr().err.count("stay at max_completion_length") == 1
+    diagnosis.update(8.0, False, False, clipped=1.0)  # a step without a token cut is not recorded
+    assert diagnosis.clipped == [0.0] * 5 + [0.6] * 7
+
+
+def _records(per_rollout, one_sided, norms, clipped=None):
     return [{"type": "eval", "step": 0}] + [
-        {"type": "train", "step": i + 1, "d3s/tokens_per_kept_rollout": t, "d3s/one_sided": o, "grad_norm": n}
+        {"type": "train", "step": i + 1, "d3s/tokens_per_kept_rollout": t, "d3s/one_sided": o, "grad_norm": n,
+         **({"completions/clipped_ratio": clipped[i]} if clipped else {})}
         for i, (t, o, n) in enumerate(zip(per_rollout, one_sided, norms))
     ]
 
@@ -244,6 +278,11 @@ def test_summary_json_says_what_the_token_cut_did():
     assert plain["warnings"] == [] and plain["clipped_steps"] is None  # no clipping configured
     assert token_cut_summary([{"type": "eval"}], token_selection=True, k_init=0.1, k_final=0.1, token_cut="batch",
                              max_grad_norm=1.0) is None
+    drifted = _records([8.0] * 10, [0.0] * 10, [2.0] * 10, clipped=[0.0] * 5 + [0.8] * 5)
+    got = token_cut_summary(drifted, token_selection=True, k_init=0.05, k_final=0.2, token_cut="batch", max_grad_norm=1.0)
+    assert len(got["warnings"]) == 1 and "80% cut off" in got["warnings"][0]
+    assert token_cut_summary(drifted, token_selection=False, k_init=None, k_final=None, token_cut="batch",
+                             max_grad_norm=1.0)["warnings"] == []  # GRPO's drift is not the token cut's
 
 
 def test_the_diagnosis_script_recomputes_a_campaign(tmp_path):

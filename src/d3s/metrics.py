@@ -134,24 +134,44 @@ FEW_TOKENS_PER_ROLLOUT = 2.0
 ONE_SIDED_SHARE = 0.25
 """Above this share of one-sided steps (tokens of one sign of advantage only) the token cut has degenerated."""
 MIN_STEPS_TO_WARN = 3
+LENGTH_CAP_WINDOW = 5
+"""Generation batches compared at the start and at the end of a run for the length-cap warning."""
+LENGTH_CAP_SHARE = 0.5
+"""At or above this share of completions cut off at `max_completion_length` (mean of the last
+`LENGTH_CAP_WINDOW` generation batches, and not below the first window's) completions have drifted to the cap."""
 
 
 def token_cut_warnings(
-    tokens_per_rollout: list[float], one_sided: list[float], *, k_init: float, k_final: float, token_cut: str = "batch"
+    tokens_per_rollout: list[float], one_sided: list[float], *, k_init: float, k_final: float, token_cut: str = "batch",
+    clipped: list[float] | None = None, keep_last_token: bool = False,
 ) -> dict[str, str]:
     """What the token cut's record says is degenerate, each with the setting to change (empty: nothing).
 
-    Returns `{kind: message}`, kinds 'few_tokens' and 'one_sided'.
+    Returns `{kind: message}`, kinds 'few_tokens', 'one_sided' and 'length_cap'.
 
     Args:
         tokens_per_rollout: tokens in the loss per kept rollout (`d3s/tokens_per_kept_rollout`) of each step of a
             run with a token cut.
         one_sided: `d3s/one_sided` (0/1) of each step so far.
-        k_init, k_final, token_cut: the run's token-cut settings (named in the messages).
+        k_init, k_final, token_cut, keep_last_token: the run's token-cut settings (named in the messages).
+        clipped: the share of completions cut off at `max_completion_length` (TRL's `completions/clipped_ratio`)
+            of each generation batch so far; 'length_cap' when the last `LENGTH_CAP_WINDOW` average at least
+            `LENGTH_CAP_SHARE` and no less than the first ones (a run that learns shorter answers lowers it).
     """
-    if len(tokens_per_rollout) < MIN_STEPS_TO_WARN:
-        return {}
     found = {}
+    w = LENGTH_CAP_WINDOW
+    if clipped and len(clipped) >= 2 * w:
+        first, last = statistics.mean(clipped[:w]), statistics.mean(clipped[-w:])
+        if last >= LENGTH_CAP_SHARE and last >= first:
+            advice = ("a token cut trains few of the tokens that end a completion: compare keep_last_token=True, "
+                      "or a variant without a token cut (d1s-c)") if not keep_last_token else (
+                "compare a variant without a token cut (d1s-c), or raise max_completion_length")
+            found["length_cap"] = (
+                f"completions stay at max_completion_length: {last:.0%} cut off over the last {w} generation "
+                f"batches ({first:.0%} over the first {w}); {advice}"
+            )
+    if len(tokens_per_rollout) < MIN_STEPS_TO_WARN:
+        return found
     median = statistics.median(tokens_per_rollout)
     if median < FEW_TOKENS_PER_ROLLOUT:
         found["few_tokens"] = (

@@ -53,6 +53,8 @@ def test_the_trainer_trains_on_the_options_mask(tmp_path, cut, floor, last):
         assert (h["d3s/advantage_balance"], h["d3s/one_sided"]) == pytest.approx(
             (advantage_balance(adv, want, mask.bool())[0], float(advantage_balance(adv, want, mask.bool())[1])))
     assert int(run.d3s_last_selection["token_mask"].sum()) == run.d3s_last_selection["tokens_in_loss"]
+    # the length-cap watch sees each generation batch's share of completions cut off, as TRL logs it
+    assert run._d3s_diagnosis.clipped == pytest.approx([h["completions/clipped_ratio"] for h in logs])
 
 
 @pytest.mark.parametrize("cut, floor, last, loss_type", [("sign", 0, False, "dapo"), ("rollout", 0, False, "grpo"),

@@ -580,7 +580,7 @@ def no_signal_share(records: list[dict]) -> float | None:
 
 
 def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_final, token_cut: str,
-                      max_grad_norm: float | None) -> dict[str, Any] | None:
+                      max_grad_norm: float | None, keep_last_token: bool = False) -> dict[str, Any] | None:
     """What `summary.json` says of the token cut and the update size: median tokens in the loss per kept rollout,
     the share of one-sided steps (`d3s/one_sided`), of steps whose gradient norm was clipped (`grad_norm`, logged
     before clipping, above `max_grad_norm`), and the token cut's warnings (`d3s.metrics.token_cut_warnings`).
@@ -599,7 +599,8 @@ def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_f
     per_rollout, one_sided, norms = values("d3s/tokens_per_kept_rollout"), values("d3s/one_sided"), values("grad_norm")
     warnings = {}
     if token_selection:
-        warnings = token_cut_warnings(per_rollout, one_sided, k_init=k_init, k_final=k_final, token_cut=token_cut)
+        warnings = token_cut_warnings(per_rollout, one_sided, k_init=k_init, k_final=k_final, token_cut=token_cut,
+                                      clipped=values("completions/clipped_ratio"), keep_last_token=keep_last_token)
     clip = max_grad_norm if max_grad_norm and max_grad_norm > 0 else None
     return {
         "tokens_per_kept_rollout": statistics.median(per_rollout) if per_rollout else None,

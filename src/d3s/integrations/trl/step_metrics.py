@@ -136,23 +136,29 @@ def learning_rates(args, max_steps: int) -> list[float]:
 
 
 class TokenCutDiagnosis:
-    """Watches `d3s/tokens_per_kept_rollout` and `d3s/one_sided`, and says once on stderr (main process) when
-    the token cut degenerates (`token_cut_warnings`)."""
+    """Watches `d3s/tokens_per_kept_rollout`, `d3s/one_sided` and the share of completions cut off at the length cap,
+    and says once on stderr (main process) when the token cut degenerates (`token_cut_warnings`)."""
 
     def __init__(self, args):
         self.args = args
         self.tokens_per_rollout: list[float] = []
         self.one_sided: list[float] = []
+        self.clipped: list[float] = []
         self.said: set[str] = set()
 
-    def update(self, tokens_per_rollout: float, one_sided: bool, token_selection: bool, main_process: bool = True):
+    def update(self, tokens_per_rollout: float, one_sided: bool, token_selection: bool, main_process: bool = True,
+               clipped: float | None = None):
+        """One generation batch; `clipped`: its share of completions cut off at `max_completion_length`."""
         if not token_selection:
             return
         self.tokens_per_rollout.append(float(tokens_per_rollout))
         self.one_sided.append(float(one_sided))
+        if clipped is not None:
+            self.clipped.append(float(clipped))
         args = self.args
         found = token_cut_warnings(self.tokens_per_rollout, self.one_sided, k_init=args.k_init, k_final=args.k_final,
-                                   token_cut=args.token_cut)
+                                   token_cut=args.token_cut, clipped=self.clipped,
+                                   keep_last_token=bool(args.keep_last_token))
         for kind, message in found.items():
             if kind not in self.said:  # one warning per kind, the first time it holds
                 self.said.add(kind)

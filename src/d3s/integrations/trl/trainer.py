@@ -276,8 +276,10 @@ class D3SGRPOTrainer(GRPOTrainer):
             valid_per_row=valid_per_row, tokens_in_loss=n_tokens, padding_rows=slots.numel() - kept.numel(),
             nonfinite_scores=n_nonfinite, balance=balance,
         )
+        clipped = metrics.get("completions/clipped_ratio") or [None]  # TRL's, of this generation batch (all ranks)
         self._d3s_diagnosis.update(
-            n_tokens / max(kept.numel(), 1), balance[1], settings.token_selection, self.accelerator.is_main_process
+            n_tokens / max(kept.numel(), 1), balance[1], settings.token_selection, self.accelerator.is_main_process,
+            clipped=clipped[-1],
         )
         self.d3s_last_selection = {
             "kept": kept.cpu(),
