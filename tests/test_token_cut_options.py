@@ -230,9 +230,9 @@ def test_a_drift_to_the_length_cap_is_said_with_what_to_compare():
     found = token_cut_warnings(ok, [0] * 10, k_init=0.05, k_final=0.2, clipped=drift)
     assert set(found) == {"length_cap"}
     assert "64% cut off over the last 5 generation batches (4% over the first 5)" in found["length_cap"]
-    assert "keep_last_token=True" in found["length_cap"]
-    assert "keep_last_token" not in token_cut_warnings(ok, [0] * 10, k_init=0.05, k_final=0.2, clipped=drift,
-                                                       keep_last_token=True)["length_cap"]
+    assert "keep_last_in_loss=True" in found["length_cap"]
+    assert "keep_last_in_loss" not in token_cut_warnings(ok, [0] * 10, k_init=0.05, k_final=0.2, clipped=drift,
+                                                       keep_last_in_loss=True)["length_cap"]
     # said from the length record alone, before the token record is long enough for the other warnings
     assert set(token_cut_warnings([8.0], [0], k_init=0.05, k_final=0.2, clipped=drift)) == {"length_cap"}
     for quiet in (drift[1:],  # fewer than two windows
@@ -249,7 +249,7 @@ def test_the_live_diagnosis_says_the_drift_once(capsys):
 
     from d3s.integrations.trl.step_metrics import TokenCutDiagnosis
 
-    diagnosis = TokenCutDiagnosis(SimpleNamespace(k_init=0.05, k_final=0.2, token_cut="batch", keep_last_token=False))
+    diagnosis = TokenCutDiagnosis(SimpleNamespace(k_init=0.05, k_final=0.2, token_cut="batch", keep_last_in_loss=False))
     for share in [0.0] * 5 + [0.6] * 7:
         diagnosis.update(8.0, False, True, clipped=share)
     assert capsys.readouterr().err.count("stay at max_completion_length") == 1
@@ -329,7 +329,7 @@ def test_runs_recorded_before_the_options_existed_stay_reusable():
 
     old = {"trainer": {"variant": "d3s", "token_selection": True, "schedule": "linear", "k_init": 0.05}}
     same = {"trainer": {**old["trainer"], "token_cut": "batch", "min_tokens_per_rollout": 0,
-                        "schedule_clock": "steps", "keep_last_token": False}}
+                        "schedule_clock": "steps", "keep_last_in_loss": False}}
     assert training_changes(old, same) == ([], [])
     changed, _ = training_changes(old, {"trainer": {**same["trainer"], "token_cut": "sign"}})
     assert changed == ["token_cut: 'batch' -> 'sign'"]
@@ -339,17 +339,17 @@ def test_options_a_run_cannot_use_are_no_reason_to_retrain_it():
     from d3s.app.runfolder import training_changes
 
     grpo = {"trainer": {"variant": "grpo", "token_selection": False, "schedule": "constant",
-                        "min_tokens_per_rollout": 0, "keep_last_token": False, "schedule_clock": "steps"}}
-    floor = {"trainer": {**grpo["trainer"], "min_tokens_per_rollout": 4, "keep_last_token": True,
+                        "min_tokens_per_rollout": 0, "keep_last_in_loss": False, "schedule_clock": "steps"}}
+    floor = {"trainer": {**grpo["trainer"], "min_tokens_per_rollout": 4, "keep_last_in_loss": True,
                          "schedule_clock": "learning_rate"}}
-    assert training_changes(grpo, floor) == ([], ["keep_last_token: False -> True",
+    assert training_changes(grpo, floor) == ([], ["keep_last_in_loss: False -> True",
                                                  "min_tokens_per_rollout: 0 -> 4",
                                                  "schedule_clock: 'steps' -> 'learning_rate'"])
     d3s_paper = {"trainer": {**grpo["trainer"], "variant": "d3s", "token_selection": True, "schedule": "linear"}}
     d3s_floor = {"trainer": {**d3s_paper["trainer"], "min_tokens_per_rollout": 4}}
     assert training_changes(d3s_paper, d3s_floor) == (["min_tokens_per_rollout: 0 -> 4"], [])
     # a token cut on one side only: the option matters there
-    assert training_changes(d3s_floor, floor)[0] == ["keep_last_token: False -> True", "schedule: 'linear' -> 'constant'",
+    assert training_changes(d3s_floor, floor)[0] == ["keep_last_in_loss: False -> True", "schedule: 'linear' -> 'constant'",
                                                     "schedule_clock: 'steps' -> 'learning_rate'",
                                                     "token_selection: True -> False", "variant: 'd3s' -> 'grpo'"]
 
@@ -371,7 +371,7 @@ def test_a_variant_carries_the_options_and_validates_them():
     assert (d3s.VARIANTS["d3s"].token_cut, d3s.VARIANTS["d3s"].min_tokens_per_rollout) == ("batch", 0)  # the paper's
     for field, value, match in (("token_cut", "top", "token_cut='top'; valid"),
                                 ("min_tokens_per_rollout", True, "min_tokens_per_rollout=True must be an integer"),
-                                ("keep_last_token", "yes", "keep_last_token='yes' must be True or False"),
+                                ("keep_last_in_loss", "yes", "keep_last_in_loss='yes' must be True or False"),
                                 ("schedule_clock", "epochs", "schedule_clock='epochs'; valid")):
         with pytest.raises(ValueError, match=match):
             d3s.get_variant("d3s", **{field: value})

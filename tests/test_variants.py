@@ -82,7 +82,7 @@ def test_grpo_ignores_n_against_small_groups():
 def test_unknown_field_names_the_field_and_lists_the_valid_ones():
     fields = "name, sample_selection, token_selection, schedule, num_generations, n_init, n_final, k_init, " \
              "k_final, allow_tightening, importance_sampling_level, normalizer, token_cut, min_tokens_per_rollout, " \
-             "keep_last_token, schedule_clock"
+             "keep_last_in_loss, schedule_clock"
     with pytest.raises(ValueError, match=f"bogus_field=1 is not a Variant field; valid: {fields}$"):
         d3s.get_variant("d3s", bogus_field=1)
 

@@ -143,7 +143,7 @@ LENGTH_CAP_SHARE = 0.5
 
 def token_cut_warnings(
     tokens_per_rollout: list[float], one_sided: list[float], *, k_init: float, k_final: float, token_cut: str = "batch",
-    clipped: list[float] | None = None, keep_last_token: bool = False,
+    clipped: list[float] | None = None, keep_last_in_loss: bool = False,
 ) -> dict[str, str]:
     """What the token cut's record says is degenerate, each with the setting to change (empty: nothing).
 
@@ -153,7 +153,7 @@ def token_cut_warnings(
         tokens_per_rollout: tokens in the loss per kept rollout (`d3s/tokens_per_kept_rollout`) of each step of a
             run with a token cut.
         one_sided: `d3s/one_sided` (0/1) of each step so far.
-        k_init, k_final, token_cut, keep_last_token: the run's token-cut settings (named in the messages).
+        k_init, k_final, token_cut, keep_last_in_loss: the run's token-cut settings (named in the messages).
         clipped: the share of completions cut off at `max_completion_length` (TRL's `completions/clipped_ratio`)
             of each generation batch so far; 'length_cap' when the last `LENGTH_CAP_WINDOW` average at least
             `LENGTH_CAP_SHARE` and no less than the first ones (a run that learns shorter answers lowers it).
@@ -163,8 +163,8 @@ def token_cut_warnings(
     if clipped and len(clipped) >= 2 * w:
         first, last = statistics.mean(clipped[:w]), statistics.mean(clipped[-w:])
         if last >= LENGTH_CAP_SHARE and last >= first:
-            advice = ("a token cut trains few of the tokens that end a completion: compare keep_last_token=True, "
-                      "or a variant without a token cut (d1s-c)") if not keep_last_token else (
+            advice = ("a token cut trains few of the tokens that end a completion: compare keep_last_in_loss=True, "
+                      "or a variant without a token cut (d1s-c)") if not keep_last_in_loss else (
                 "compare a variant without a token cut (d1s-c), or raise max_completion_length")
             found["length_cap"] = (
                 f"completions stay at max_completion_length: {last:.0%} cut off over the last {w} generation "

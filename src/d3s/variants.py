@@ -67,7 +67,7 @@ class Variant:
     """Where the token cut is taken (docs/method.md section 9.2): "batch" (the paper), "sign", "rollout"."""
     min_tokens_per_rollout: int = 0
     """A floor of tokens per kept rollout with a non-zero advantage, on top of the cut (0: none, the paper)."""
-    keep_last_token: bool = False
+    keep_last_in_loss: bool = False
     """Every kept rollout with a non-zero advantage also keeps its last token, its end-of-sequence token when it
     stopped (False: the paper)."""
     schedule_clock: str = "steps"
@@ -92,8 +92,8 @@ class Variant:
         floor = self.min_tokens_per_rollout
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise ValueError(f"{self.name}: min_tokens_per_rollout={floor!r} must be an integer >= 0 (0: no floor)")
-        if not isinstance(self.keep_last_token, bool):
-            raise ValueError(f"{self.name}: keep_last_token={self.keep_last_token!r} must be True or False")
+        if not isinstance(self.keep_last_in_loss, bool):
+            raise ValueError(f"{self.name}: keep_last_in_loss={self.keep_last_in_loss!r} must be True or False")
         if self.schedule_clock not in SCHEDULE_CLOCKS:
             raise ValueError(
                 f"{self.name}: schedule_clock={self.schedule_clock!r}; valid: {', '.join(map(repr, SCHEDULE_CLOCKS))}"

@@ -85,6 +85,18 @@ def test_resolving_the_d3s_fields_twice_changes_nothing(tmp_path):
     assert args.to_dict() == before
 
 
+def test_every_d3s_field_is_recorded_as_it_is(tmp_path):
+    # `run_config.json` records `to_dict()`, which hides fields whose name ends in "_token" (as secrets): a d3s field
+    # must never be named so, or its value is lost from the record and the recipe check
+    import dataclasses
+
+    args = config(tmp_path, variant="d3s", token_cut="sign", min_tokens_per_rollout=2, keep_last_in_loss=True)
+    ours = {f.name for f in dataclasses.fields(D3SConfig)} - {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    assert {"variant", "keep_last_in_loss", "min_tokens_per_rollout", "prompt_skip"} <= ours
+    recorded = args.to_dict()
+    assert {name: recorded[name] for name in ours} == {name: getattr(args, name) for name in ours}
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

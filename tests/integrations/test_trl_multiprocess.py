@@ -52,7 +52,7 @@ def _load(out: Path, name: str):
 @pytest.mark.parametrize(
     "micro_batches, loss_type, options",
     [(1, "grpo", None), (2, "dapo", None),  # one or two micro-batches per generation batch
-     (2, "dapo", {"token_cut": "sign", "min_tokens_per_rollout": 2, "keep_last_token": True}),  # beyond the paper (9.2)
+     (2, "dapo", {"token_cut": "sign", "min_tokens_per_rollout": 2, "keep_last_in_loss": True}),  # beyond the paper (9.2)
      (1, "grpo", {"token_cut": "rollout", "schedule_clock": "learning_rate", "lr_scheduler_type": "cosine"})],
 )
 def test_two_processes_match_one(tmp_path, micro_batches, loss_type, options):

@@ -41,7 +41,7 @@ def _setup(trainer):
                                              ("sign", 1, False), ("batch", 0, True), ("sign", 2, True)])
 def test_the_trainer_trains_on_the_options_mask(tmp_path, cut, floor, last):
     run = run_training(RecordingMaskTrainer, D3SConfig, tmp_path, variant="d3s", token_cut=cut,
-                       min_tokens_per_rollout=floor, keep_last_token=last, max_steps=3, kl_log_every=0, setup=_setup,
+                       min_tokens_per_rollout=floor, keep_last_in_loss=last, max_steps=3, kl_log_every=0, setup=_setup,
                        **SMALL)
     logs = step_logs(run)
     assert len(run.cuts) == 3
@@ -62,7 +62,7 @@ def test_the_trainer_trains_on_the_options_mask(tmp_path, cut, floor, last):
                                                          ("batch", 0, True, "dapo")])
 def test_the_options_train_exactly_as_the_full_masked_computation(tmp_path, cut, floor, last, loss_type):
     run = run_training(CheckingTrainer, D3SConfig, tmp_path, variant="d3s", token_cut=cut, min_tokens_per_rollout=floor,
-                       keep_last_token=last, loss_type=loss_type, max_steps=3, kl_log_every=0, learning_rate=0.05,
+                       keep_last_in_loss=last, loss_type=loss_type, max_steps=3, kl_log_every=0, learning_rate=0.05,
                        setup=lambda t: setattr(t, "checked", []), **SMALL)
     assert len(run.checked) == 3 * 2 and max(run.checked) > 0  # every micro-batch compared, some with a gradient
 
@@ -88,7 +88,7 @@ def test_with_the_options_off_the_paper_d3s_is_bit_identical(tmp_path):
     ours = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "ours", **config)
     paper = run_training(PaperCutTrainer, D3SConfig, tmp_path / "paper", **config)
     explicit = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "explicit", token_cut="batch", min_tokens_per_rollout=0,
-                            keep_last_token=False, schedule_clock="steps", **config)
+                            keep_last_in_loss=False, schedule_clock="steps", **config)
     for other in (paper, explicit):
         assert torch.equal(flat_params(ours.model), flat_params(other.model))
         assert step_logs(ours) == step_logs(other) or _same_but_time(step_logs(ours), step_logs(other))
@@ -134,7 +134,7 @@ def test_a_degenerate_cut_is_said_once_with_the_setting_to_change(tmp_path, capf
     ("min_tokens_per_rollout", -1, "min_tokens_per_rollout=-1 must be an integer >= 0"),
     ("min_tokens_per_rollout", 2.5, "min_tokens_per_rollout=2.5 must be an integer >= 0"),
     ("schedule_clock", "lr", "schedule_clock='lr'; valid: 'steps', 'learning_rate'"),
-    ("keep_last_token", 2, "keep_last_token=2 must be True or False"),
+    ("keep_last_in_loss", 2, "keep_last_in_loss=2 must be True or False"),
 ])
 def test_bad_option_values_are_refused_with_the_valid_ones(tmp_path, field, value, match):
     with pytest.raises(ValueError, match=match):
@@ -144,7 +144,7 @@ def test_bad_option_values_are_refused_with_the_valid_ones(tmp_path, field, valu
 def test_options_are_inert_where_they_do_not_apply(tmp_path):
     # a recipe that turns them on still runs every variant (`d3s compare` shares one recipe): they modify a token
     # cut and a linear schedule, and a variant without one trains as before
-    config = dict(token_cut="sign", min_tokens_per_rollout=2, keep_last_token=True, schedule_clock="learning_rate",
+    config = dict(token_cut="sign", min_tokens_per_rollout=2, keep_last_in_loss=True, schedule_clock="learning_rate",
                   max_steps=2, kl_log_every=0, **SMALL)
     a = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "a", variant="d1s-c", **config)
     b = run_training(D3SGRPOTrainer, D3SConfig, tmp_path / "b", variant="d1s-c", max_steps=2, kl_log_every=0, **SMALL)

@@ -378,7 +378,7 @@ ADDED_FIELDS = {
     "prompt_skip": False, "prompt_skip_explore": 0.5, "prompt_skip_history": 8,
     "dynamic_sampling": False, "dynamic_sampling_max_rounds": 3, "task_train_size": 0,
     "token_cut": "batch", "min_tokens_per_rollout": 0, "schedule_clock": "steps",
-    "keep_last_token": False,
+    "keep_last_in_loss": False,
     # Recorded since precision took effect: before, `bf16` was set after the trainer settings were built, so a
     # run without a launcher's --mixed_precision trained in fp32 whatever its recorded `bf16` said
     "mixed_precision": "no",
@@ -394,7 +394,7 @@ def _normal(value: Any) -> Any:
 _INERT_UNLESS = {
     "token_cut": lambda trainer: bool(trainer.get("token_selection")),
     "min_tokens_per_rollout": lambda trainer: bool(trainer.get("token_selection")),
-    "keep_last_token": lambda trainer: bool(trainer.get("token_selection")),
+    "keep_last_in_loss": lambda trainer: bool(trainer.get("token_selection")),
     "schedule_clock": lambda trainer: trainer.get("schedule") == "linear",
 }
 
@@ -580,7 +580,7 @@ def no_signal_share(records: list[dict]) -> float | None:
 
 
 def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_final, token_cut: str,
-                      max_grad_norm: float | None, keep_last_token: bool = False) -> dict[str, Any] | None:
+                      max_grad_norm: float | None, keep_last_in_loss: bool = False) -> dict[str, Any] | None:
     """What `summary.json` says of the token cut and the update size: median tokens in the loss per kept rollout,
     the share of one-sided steps (`d3s/one_sided`), of steps whose gradient norm was clipped (`grad_norm`, logged
     before clipping, above `max_grad_norm`), and the token cut's warnings (`d3s.metrics.token_cut_warnings`).
@@ -600,7 +600,7 @@ def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_f
     warnings = {}
     if token_selection:
         warnings = token_cut_warnings(per_rollout, one_sided, k_init=k_init, k_final=k_final, token_cut=token_cut,
-                                      clipped=values("completions/clipped_ratio"), keep_last_token=keep_last_token)
+                                      clipped=values("completions/clipped_ratio"), keep_last_in_loss=keep_last_in_loss)
     clip = max_grad_norm if max_grad_norm and max_grad_norm > 0 else None
     return {
         "tokens_per_kept_rollout": statistics.median(per_rollout) if per_rollout else None,

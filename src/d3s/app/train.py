@@ -531,7 +531,7 @@ def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | No
         "token_cut": token_cut_summary(
             run_log.records, token_selection=bool(config.token_selection), k_init=config.k_init,
             k_final=config.k_final, token_cut=config.token_cut, max_grad_norm=config.max_grad_norm,
-            keep_last_token=bool(config.keep_last_token),
+            keep_last_in_loss=bool(config.keep_last_in_loss),
         ),
         "command_wall_s": time.perf_counter() - started,
         "code_version": version,

@@ -91,7 +91,7 @@ class D3SConfig(GRPOConfig):
             "(a floor for short completions). Default: the variant's, else 0 (the paper): no floor."
         ),
     )
-    keep_last_token: bool | None = field(
+    keep_last_in_loss: bool | None = field(
         default=None,
         metadata=_h(
             "With token selection: every kept rollout with a non-zero advantage also keeps its last token (its "
@@ -196,7 +196,7 @@ class D3SConfig(GRPOConfig):
                 "normalizer": v.normalizer,
                 "token_cut": v.token_cut,
                 "min_tokens_per_rollout": v.min_tokens_per_rollout,
-                "keep_last_token": v.keep_last_token,
+                "keep_last_in_loss": v.keep_last_in_loss,
                 "schedule_clock": v.schedule_clock,
             }
             for name, value in defaults.items():
@@ -226,8 +226,8 @@ class D3SConfig(GRPOConfig):
             self.token_cut = "batch"
         if self.min_tokens_per_rollout is None:
             self.min_tokens_per_rollout = 0
-        if self.keep_last_token is None:
-            self.keep_last_token = False
+        if self.keep_last_in_loss is None:
+            self.keep_last_in_loss = False
         if self.schedule_clock is None:
             self.schedule_clock = "steps"
         if self.sample_selection == "none":
@@ -326,6 +326,6 @@ class D3SConfig(GRPOConfig):
             normalizer=self.normalizer,
             token_cut=self.token_cut,
             min_tokens_per_rollout=self.min_tokens_per_rollout,
-            keep_last_token=self.keep_last_token,
+            keep_last_in_loss=self.keep_last_in_loss,
             schedule_clock=self.schedule_clock,
         )

@@ -158,7 +158,7 @@ class TokenCutDiagnosis:
         args = self.args
         found = token_cut_warnings(self.tokens_per_rollout, self.one_sided, k_init=args.k_init, k_final=args.k_final,
                                    token_cut=args.token_cut, clipped=self.clipped,
-                                   keep_last_token=bool(args.keep_last_token))
+                                   keep_last_in_loss=bool(args.keep_last_in_loss))
         for kind, message in found.items():
             if kind not in self.said:  # one warning per kind, the first time it holds
                 self.said.add(kind)

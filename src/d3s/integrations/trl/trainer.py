@@ -306,7 +306,7 @@ class D3SGRPOTrainer(GRPOTrainer):
     def _d3s_token_mask(self, advantages, entropies, mask, fraction):
         """Top-K% |A| x H over the rows of ALL ranks: one threshold, identical on every rank.
 
-        With `token_cut` 'sign' or 'rollout', a `min_tokens_per_rollout` floor or `keep_last_token`, the cut of
+        With `token_cut` 'sign' or 'rollout', a `min_tokens_per_rollout` floor or `keep_last_in_loss`, the cut of
         `d3s.token_selection.select_tokens` on the same gathered scores.
 
         Returns this rank's `(R, T)` mask, the mask of all ranks `(P*R, T_max)`, the number of
@@ -319,7 +319,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         offered = all_scores > -float("inf")  # (P*R, T_max)
         all_mask = select_tokens(all_scores, fraction, advantages=all_advantages, cut=self.args.token_cut,
                                  min_per_rollout=self.args.min_tokens_per_rollout,
-                                 keep_last=self.args.keep_last_token)  # 'batch', 0, False: the paper's
+                                 keep_last=self.args.keep_last_in_loss)  # 'batch', 0, False: the paper's
         n_nonfinite = int((all_scores == LOWEST_SCORE).sum())
         rank = self.accelerator.process_index
         balance = advantage_balance(all_advantages, all_mask, offered)
