@@ -391,10 +391,14 @@ def _normal(value: Any) -> Any:
 
 # Fields that change nothing where the run has no token cut (`token_selection` off) or no linear schedule: a
 # recipe may set them for every variant it runs (`d3s compare`), and a difference in them is free there.
+def _has_token_cut(trainer: dict) -> bool:
+    return bool(trainer.get("token_selection"))
+
+
 _INERT_UNLESS = {
-    "token_cut": lambda trainer: bool(trainer.get("token_selection")),
-    "min_tokens_per_rollout": lambda trainer: bool(trainer.get("token_selection")),
-    "keep_last_in_loss": lambda trainer: bool(trainer.get("token_selection")),
+    "token_cut": _has_token_cut,
+    "min_tokens_per_rollout": _has_token_cut,
+    "keep_last_in_loss": _has_token_cut,
     "schedule_clock": lambda trainer: trainer.get("schedule") == "linear",
 }
 
