@@ -232,7 +232,7 @@ def test_a_drift_to_the_length_cap_is_said_with_what_to_compare():
     assert "64% cut off over the last 5 generation batches (4% over the first 5)" in found["length_cap"]
     advice = found["length_cap"]
     assert "keep_last_in_loss=True" in advice and "(d1s-c)" in advice
-    assert advice.index("(d1s-c)") < advice.index("keep_last_in_loss=True")  # the variant that did not hurt first
+    assert advice.index("(d1s-c)") < advice.index("keep_last_in_loss=True")  # the variant without a token cut first
     assert "keep_last_in_loss" not in token_cut_warnings(ok, [0] * 10, k_init=0.05, k_final=0.2, clipped=drift,
                                                        keep_last_in_loss=True)["length_cap"]
     # said from the length record alone, before the token record is long enough for the other warnings

@@ -163,11 +163,12 @@ def token_cut_warnings(
     if clipped and len(clipped) >= 2 * w:
         first, last = statistics.mean(clipped[:w]), statistics.mean(clipped[-w:])
         if last >= LENGTH_CAP_SHARE and last >= first:
-            advice = ("a token cut trains few of the tokens that end a completion: compare a variant without a "
-                      "token cut (d1s-c) first, then keep_last_in_loss=True (it helped on the arith-2digit recipe "
-                      "and hurt on the default one)"
-                      ) if not keep_last_in_loss else (
-                "compare a variant without a token cut (d1s-c), or raise max_completion_length")
+            if keep_last_in_loss:
+                advice = "compare a variant without a token cut (d1s-c), or raise max_completion_length"
+            else:
+                advice = ("a token cut trains few of the tokens that end a completion: compare a variant without a "
+                          "token cut (d1s-c) first, then keep_last_in_loss=True (it helped on the arith-2digit "
+                          "recipe and hurt on the default one)")
             found["length_cap"] = (
                 f"completions stay at max_completion_length: {last:.0%} cut off over the last {w} generation "
                 f"batches ({first:.0%} over the first {w}); {advice}"

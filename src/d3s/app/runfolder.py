@@ -389,12 +389,12 @@ def _normal(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-# Fields that change nothing where the run has no token cut (`token_selection` off) or no linear schedule: a
-# recipe may set them for every variant it runs (`d3s compare`), and a difference in them is free there.
 def _has_token_cut(trainer: dict) -> bool:
     return bool(trainer.get("token_selection"))
 
 
+# Fields that change nothing where the run has no token cut (`token_selection` off) or no linear schedule: a
+# recipe may set them for every variant it runs (`d3s compare`), and a difference in them is free there.
 _INERT_UNLESS = {
     "token_cut": _has_token_cut,
     "min_tokens_per_rollout": _has_token_cut,
