@@ -4,7 +4,7 @@
         --baseline d3s+min_tokens_per_rollout=4 [--seeds 3,4,5] [--output report.md]
 
 Reads the run folders `<setting>-seed<k>` of a `d3s compare` output folder (every setting that has all the
-seeds) and prints markdown:
+seeds; the report names the settings it leaves out and the seeds they lack) and prints markdown:
 
 - per setting, mean over seeds: steps with no signal, groups generated, prompts skipped, flat groups generated
   and prompts left unfilled per step, generation seconds per step and per group with signal (all generation and
@@ -65,9 +65,9 @@ def run_numbers(folder: Path) -> dict:
 
 
 def settings_in(folder: Path, seeds: list[int] | None,
-                baseline: str | None = None) -> tuple[dict[str, dict[int, dict]], list[int]]:
-    """`{setting: {seed: numbers}}` for the settings that have every seed, and the seeds (default: the baseline's,
-    else those every setting has)."""
+                baseline: str | None = None) -> tuple[dict[str, dict[int, dict]], list[int], dict[str, list[int]]]:
+    """`{setting: {seed: numbers}}` for the settings that have every seed, the seeds (default: the baseline's,
+    else those every setting has), and `{setting: seeds it lacks}` for the settings left out."""
     found: dict[str, dict[int, Path]] = {}
     for path in sorted(folder.iterdir()):
         match = re.fullmatch(r"(.+)-seed(\d+)", path.name)
@@ -78,7 +78,8 @@ def settings_in(folder: Path, seeds: list[int] | None,
     if seeds is None:
         seeds = sorted(found[baseline]) if baseline in found else sorted(set.intersection(*map(set, found.values())))
     complete = {name: runs for name, runs in found.items() if all(s in runs for s in seeds)}
-    return {name: {s: run_numbers(runs[s]) for s in seeds} for name, runs in complete.items()}, seeds
+    left_out = {name: [s for s in seeds if s not in runs] for name, runs in found.items() if name not in complete}
+    return {name: {s: run_numbers(runs[s]) for s in seeds} for name, runs in complete.items()}, seeds, left_out
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
@@ -102,19 +103,22 @@ def to_target(run: dict, target: float) -> float | None:
 
 
 def report(folder: Path, baseline: str, seeds: list[int] | None) -> str:
-    table, seeds = settings_in(folder, seeds, baseline)
+    table, seeds, left_out = settings_in(folder, seeds, baseline)
     if baseline not in table:
         raise SystemExit(f"--baseline {baseline!r} has no run for every seed {seeds} in {folder}; settings with "
                          f"all of them: {', '.join(table) or 'none'}")
     names = [baseline] + [n for n in table if n not in (baseline, "grpo")]
     base = table[baseline]
     out = [f"# What the prompt options bought ({folder.name}, seeds {', '.join(map(str, seeds))})", "",
-           f"Baseline: `{baseline}`. Per training step, mean over seeds; ratios and differences paired by seed.", "",
-           "| setting | steps with no signal | groups generated | prompts skipped | flat groups generated | "
-           "prompts unfilled | generation s per step | generation s per group with signal | vs baseline "
-           "(x cheaper) | groups generated per group with signal | final acc | vs baseline (points) | "
-           "paired 95% CI |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"Baseline: `{baseline}`. Per training step, mean over seeds; ratios and differences paired by seed.", ""]
+    if left_out:
+        out += ["Left out, for want of a seed: " + "; ".join(
+            f"`{name}` (no seed {', '.join(map(str, missing))})" for name, missing in left_out.items()) + ".", ""]
+    out += ["| setting | steps with no signal | groups generated | prompts skipped | flat groups generated | "
+            "prompts unfilled | generation s per step | generation s per group with signal | vs baseline "
+            "(x cheaper) | groups generated per group with signal | final acc | vs baseline (points) | "
+            "paired 95% CI |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         runs = table[name]
         diffs = [100 * (runs[s]["final"] - base[s]["final"]) for s in seeds]

@@ -44,8 +44,8 @@ def test_report_pairs_each_setting_with_the_baseline(tmp_path):
     _run(tmp_path, "grpo", 2, 0.50, 100.0, [(10, 4, 1, 3, 0)] * 2, [(2, 0.5, 100.0)])
     _run(tmp_path, "d1s", 1, 0.4, 1.0, [(1, 4, 1, 3, 0)])  # one seed only: left out
 
-    table, seeds = m.settings_in(tmp_path, None, "d3s")
-    assert seeds == [1, 2] and set(table) == {"d3s", "d3s+prompt_skip", "grpo"}
+    table, seeds, left_out = m.settings_in(tmp_path, None, "d3s")
+    assert seeds == [1, 2] and set(table) == {"d3s", "d3s+prompt_skip", "grpo"} and left_out == {"d1s": [2]}
     base, skip = table["d3s"], table["d3s+prompt_skip"]
     assert base[1]["no_signal"] == 0.5 and base[2]["no_signal"] == 0.0
     assert base[1]["gen_s_signal"] == pytest.approx(20 / 1) and base[2]["gen_s_signal"] == pytest.approx(16 / 4)
@@ -57,6 +57,7 @@ def test_report_pairs_each_setting_with_the_baseline(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| `d3s+prompt_skip` | 0.0%"))
     assert "| 2.83x |" in row and "| +10.0 |" in row  # both seeds 10 points up: a zero-width interval
     assert "[+10.0, +10.0]" in row
+    assert "Left out, for want of a seed: `d1s` (no seed 2)." in text and "`d1s` |" not in text
     # GRPO's final mean is 45%: the baseline reaches it in seed 2 only (40 s of GRPO's 100 s), the skip in both
     # (30 s of 200 s, 80 s of 100 s); GRPO itself at its end in seed 2 only
     assert "| `d3s+prompt_skip` | 0.5 min (0.15x) | 1.3 min (0.80x) | 2/2 |" in text
