@@ -90,6 +90,13 @@ def test_compare_runs_reuses_and_summarises(tmp_path, capsys):
     assert cli.main(argv) == 0  # finished runs are reused, not retrained
     assert "reusing" in capsys.readouterr().err
     assert cli.main(argv[:-2] + ["--eval_every", "2"]) == 0  # how often it evaluates does not change training
+    assert "leave out" not in (root / "compare.md").read_text()
+    # a subset of the folder's runs: its tables say which finished runs they no longer show
+    subset = ["compare", "--variants", "d3s", *argv[3:]]
+    assert cli.main(subset) == 0
+    md = (root / "compare.md").read_text()
+    assert "| grpo |" not in md and "finished runs these tables leave out: grpo-seed1." in md
+    assert "leave out: grpo-seed1" in capsys.readouterr().err
     # a recipe that trains differently is never mixed in with these runs
     assert cli.main(argv + ["--learning_rate", "0.123"]) == 2
     err = capsys.readouterr().err

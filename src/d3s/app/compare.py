@@ -18,8 +18,9 @@ finishes it. A finished run is reused only if its recorded recipe trains what th
 (`run_config.json`; else an error names the differences); the code version of every run is shown.
 
 Outputs in DIR: `compare.json` (the numbers: `d3s.app.compare_summary`), `compare.md` (its tables:
-`d3s.app.compare_markdown`), `compare.png` (overlaid curves: `d3s.app.plots`). This module runs the
-comparison.
+`d3s.app.compare_markdown`), `compare.png` (overlaid curves: `d3s.app.plots`), for this command's variants
+and seeds; `compare.md` names the folder's other finished runs, which a command naming them all tables
+together. This module runs the comparison.
 """
 
 from __future__ import annotations
@@ -160,6 +161,13 @@ def claim_root(root: Path) -> None:
                              "d3s comparison; pick another --output_dir")
 
 
+def runs_left_out(root: Path, variants: Sequence[str], seeds: Sequence[int]) -> list[str]:
+    """The finished run folders in `root` (a `summary.json` beside the run's record) outside `variants` x `seeds`."""
+    ours = {run_dir(root, v, s).name for v in variants for s in seeds}
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and p.name not in ours and is_run_folder(p) and (p / "summary.json").is_file())
+
+
 def cmd_compare(argv: Sequence[str]) -> int:
     """`d3s compare`: see the module docstring."""
     (args,), train_argv = parse_command(
@@ -203,6 +211,12 @@ def cmd_compare(argv: Sequence[str]) -> int:
     command = "d3s compare " + " ".join(argv)
     (root / "compare.json").write_text(json.dumps(summary, indent=2))
     md = render_markdown(summary, command)
+    others = runs_left_out(root, variants, seeds)
+    if others:  # a subset of a folder's comparison: say what its tables no longer show
+        note = (f"This folder also holds finished runs these tables leave out: {', '.join(others)}. A `d3s compare` "
+                "naming all their settings and seeds tables them together, reusing every run.")
+        md = md.rstrip("\n") + "\n\n" + note + "\n"
+        print(f"d3s compare: note: {note}", file=sys.stderr)
     (root / "compare.md").write_text(md)
     plot_compare({v: [(s, run_dir(root, v, s) / "metrics.jsonl") for s in seeds] for v in variants},
                  root / "compare.png", title=f"{' vs '.join(variants)}, seeds {', '.join(map(str, seeds))}")
