@@ -486,6 +486,10 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
                               "GPU is visible (CUDA); on this machine pass --use_cpu true (and --precision fp32: a "
                               "CPU runs bf16 slower or emulated)")
         values["bf16"], values["fp16"] = precision == "bf16", False
+        if "shared_prefill_generation" not in flags and "shared_prefill_generation" not in recipe:
+            # the CLI's default: on wherever transformers generates (vLLM and continuous batching do their own)
+            values["shared_prefill_generation"] = not (values.get("use_vllm")
+                                                       or values.get("use_transformers_continuous_batching"))
         config = D3SConfig(**{f.name: values[f.name] for f in dataclasses.fields(D3SConfig)
                               if f.init and f.name in values})
     except RecipeError:

@@ -378,7 +378,7 @@ ADDED_FIELDS = {
     "prompt_skip": False, "prompt_skip_explore": 0.5, "prompt_skip_history": 8,
     "dynamic_sampling": False, "dynamic_sampling_max_rounds": 3, "task_train_size": 0,
     "token_cut": "batch", "min_tokens_per_rollout": 0, "schedule_clock": "steps",
-    "keep_last_in_loss": False,
+    "keep_last_in_loss": False, "shared_prefill_generation": False,
     # Recorded since precision took effect: before, `bf16` was set after the trainer settings were built, so a
     # run without a launcher's --mixed_precision trained in fp32 whatever its recorded `bf16` said
     "mixed_precision": "no",

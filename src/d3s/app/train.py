@@ -353,7 +353,8 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
 
     def evaluate() -> dict:
         with _whole_weights(trainer):
-            return heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size)
+            return heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size,
+                                    shared_prefill=config.shared_prefill_generation)
 
     callback = _make_callback(run_log, evaluate, run.eval_every)
     trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)

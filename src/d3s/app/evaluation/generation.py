@@ -2,8 +2,9 @@
 
 Both samplers take rendered prompt texts and return `n` completion texts per prompt. The
 transformers sampler repeats each prompt n times, left-pads, and generates in batches of at most
-`batch_size` sequences; the random state is re-seeded before every call so a call's output
-depends only on its inputs and seed.
+`batch_size` sequences; with `shared_prefill`, through `d3s.integrations.trl.decoding` instead: each
+prompt (and the prefix all prompts of a call share) prefilled once, finished rows leaving the batch.
+The random state is re-seeded before every call so a call's output depends only on its inputs and seed.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class TransformersSampler:
     """`AutoModelForCausalLM.generate` on CPU or one GPU."""
 
     def __init__(
-        self, model: str, *, device: str = "auto", dtype: str = "auto", batch_size: int = 32
+        self, model: str, *, device: str = "auto", dtype: str = "auto", batch_size: int = 32,
+        shared_prefill: bool = False,
     ) -> None:
         self.device = _resolve_device(device)
         torch_dtype = _resolve_dtype(dtype, self.device)
@@ -90,16 +92,18 @@ class TransformersSampler:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self._setup(batch_size)
+        self._setup(batch_size, shared_prefill)
 
-    def _setup(self, batch_size: int) -> None:
+    def _setup(self, batch_size: int, shared_prefill: bool) -> None:
         self.batch_size = batch_size
+        self.shared_prefill = shared_prefill
         self.add_special_tokens = True
         self.context_length: int | None = getattr(self.model.config, "max_position_embeddings", None)
         """Most tokens (prompt + completion) the model handles; None when its config does not say."""
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, *, batch_size: int) -> TransformersSampler:
+    def from_model(cls, model: Any, tokenizer: Any, *, batch_size: int, shared_prefill: bool = False
+                   ) -> TransformersSampler:
         """A sampler over a model already in memory (the one `d3s train` is training), on its device.
 
         The caller owns the model's train/eval mode and the tokenizer's padding side (left, for
@@ -107,7 +111,7 @@ class TransformersSampler:
         template already carries them."""
         self = cls.__new__(cls)
         self.model, self.tokenizer, self.device = model, tokenizer, str(model.device)
-        self._setup(batch_size)
+        self._setup(batch_size, shared_prefill)
         self.add_special_tokens = not has_chat_template(tokenizer)
         return self
 
@@ -130,6 +134,8 @@ class TransformersSampler:
             gen_kwargs.update(temperature=None, top_p=None, top_k=None)
         if not greedy:  # greedy decoding draws nothing: leave the caller's random state alone
             torch.manual_seed(seed)
+        if self.shared_prefill:
+            return self._sample_shared_prefill(prompts, settings)
         for start in range(0, len(flat), self.batch_size):
             chunk = flat[start : start + self.batch_size]
             enc = self.tokenizer(
@@ -142,6 +148,23 @@ class TransformersSampler:
                 out = self.model.generate(**enc, **gen_kwargs)  # (b, T_prompt + T_new)
             new_tokens = out[:, enc["input_ids"].shape[1] :]  # (b, T_new)
             texts += self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        return [texts[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
+
+    def _sample_shared_prefill(self, prompts: list[str], settings: SamplingSettings) -> list[list[str]]:
+        from d3s.integrations.trl.decoding import Sampling, generate
+
+        ids = self.tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
+        eos_ids = getattr(self.model.generation_config, "eos_token_id", None)  # what `generate` stops on
+        eos_ids = self.tokenizer.eos_token_id if eos_ids is None else eos_ids
+        eos_ids = tuple(eos_ids) if isinstance(eos_ids, (list, tuple)) else (eos_ids,)
+        sampling = Sampling(
+            max_new_tokens=settings.max_new_tokens, eos_token_ids=eos_ids,
+            pad_token_id=self.tokenizer.pad_token_id, do_sample=settings.temperature > 0,
+            temperature=settings.temperature or 1.0, top_p=settings.top_p, top_k=settings.top_k,
+        )
+        rows = [p for p in ids for _ in range(settings.n)]  # (P*n,) prompt i repeated n times
+        out = generate(self.model, rows, sampling, max_rows=self.batch_size).completion_ids
+        texts = self.tokenizer.batch_decode(out, skip_special_tokens=True)
         return [texts[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
 
 
@@ -184,7 +207,8 @@ class VLLMSampler:
 
 
 def make_sampler(
-    backend: Backend, model: str, *, device: str = "auto", dtype: str = "auto", batch_size: int = 32
+    backend: Backend, model: str, *, device: str = "auto", dtype: str = "auto", batch_size: int = 32,
+    shared_prefill: bool = False,
 ) -> Sampler:
     """The sampler for `backend`; `auto` picks vLLM when it is installed and a GPU is present."""
     if backend == "auto":
@@ -194,7 +218,8 @@ def make_sampler(
             raise ModelLoadError("--backend vllm needs vLLM installed and a CUDA GPU")
         return VLLMSampler(model, dtype=dtype)
     elif backend == "transformers":
-        return TransformersSampler(model, device=device, dtype=dtype, batch_size=batch_size)
+        return TransformersSampler(model, device=device, dtype=dtype, batch_size=batch_size,
+                                   shared_prefill=shared_prefill)
     else:
         raise ModelLoadError(f"backend={backend!r}; valid: auto, transformers, vllm")
 

@@ -17,7 +17,7 @@ try:
     from accelerate.utils import is_peft_model
     from trl import GRPOConfig, GRPOTrainer
     from trl.kernels import ChunkedLogProbFunction
-    from trl.models.utils import disable_gradient_checkpointing
+    from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
     from trl.trainer import utils as trl_utils
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, maybe_gather_lm_head_ctx, nanmax, nanmin, use_adapter
 except ImportError as err:  # pragma: no cover - exercised only without trl
@@ -41,6 +41,7 @@ __all__ = [
     "nanmax",
     "nanmin",
     "trl_signature_mismatches",
+    "unwrap_model_for_generation",
     "use_adapter",
 ]
 
@@ -54,6 +55,10 @@ PRIVATE_TRL_API = {
     "GRPOTrainer._compute_loss": "(self, model, inputs)",
     "GRPOTrainer.training_step": "(self, model, inputs, num_items_in_batch)",
     "GRPOTrainer.train": "(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None)",
+    # overridden with `shared_prefill_generation` (generation.shared_prefill_turn)
+    "GRPOTrainer._generate_single_turn": (
+        "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)"
+    ),
     # overridden to keep the prompt history (prompt_skip) in checkpoints, as TRL keeps its entropy controller's
     "GRPOTrainer._save_checkpoint": "(self, model, trial)",
     "GRPOTrainer._load_optimizer_and_scheduler": "(self, checkpoint)",
@@ -76,6 +81,11 @@ PRIVATE_TRL_API = {
     "GRPOTrainer._is_vlm": ATTRIBUTE,  # vision-language models are refused
     "GRPOTrainer.aux_loss_enabled": ATTRIBUTE,
     "GRPOTrainer.current_gradient_accumulation_steps": ATTRIBUTE,
+    # read by generation.shared_prefill_turn, as TRL's `_generate_single_turn` reads them
+    "GRPOTrainer._dist": ATTRIBUTE,  # `summon_full_params` around generation (FSDP)
+    "GRPOTrainer.generation_config": ATTRIBUTE,
+    "GRPOTrainer.generation_kwargs": ATTRIBUTE,
+    "GRPOTrainer.eos_token_ids": ATTRIBUTE,
     # module-level names imported
     "trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE": NAME,
     "trl.trainer.utils.maybe_gather_lm_head_ctx": "(*params)",

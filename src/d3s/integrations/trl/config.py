@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from d3s.integrations.trl.compat import GRPOConfig
+from d3s.integrations.trl.decoding import check_generation_settings
 from d3s.variants import Variant, get_variant, paired, scaled_count
 
 DEFAULT_KL_LOG_EVERY = 5
@@ -151,11 +152,36 @@ class D3SConfig(GRPOConfig):
         default=3, metadata=_h("Extra generation rounds one generation batch may take with dynamic_sampling (>= 0).")
     )
 
+    shared_prefill_generation: bool = field(
+        default=False,
+        metadata=_h(
+            "Generate with transformers (no vLLM) prefilling each distinct prompt once for its rollouts and "
+            "dropping finished rollouts from the decode batch: the same completions' distribution as TRL's "
+            "generate, less work (docs/trl.md). Off: TRL's generate exactly."
+        ),
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._resolve_d3s()
         self._check_trl_options()
         self._check_prompt_options()
+        self._check_generation_options()
+
+    def _check_generation_options(self) -> None:
+        if not isinstance(self.shared_prefill_generation, bool):
+            raise ValueError(f"shared_prefill_generation={self.shared_prefill_generation!r} must be True or False")
+        if not self.shared_prefill_generation:
+            return
+        for name in ("use_vllm", "use_transformers_continuous_batching"):
+            if getattr(self, name, False):
+                raise ValueError(
+                    f"shared_prefill_generation=True and {name}=True: both choose how completions are generated; "
+                    f"set one of them False"
+                )
+        check_generation_settings({"repetition_penalty": self.repetition_penalty,
+                                   "cache_implementation": self.cache_implementation,
+                                   **(self.generation_kwargs or {})})
 
     def _check_prompt_options(self) -> None:
         if isinstance(self.prompt_skip_explore, bool) or not 0.0 < float(self.prompt_skip_explore) <= 1.0:

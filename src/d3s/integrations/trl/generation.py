@@ -1,6 +1,7 @@
-"""Hooks around TRL's generation: defer its per-rollout passes, and keep generation's own entropies.
+"""Around TRL's generation: defer its per-rollout passes, keep generation's own entropies, and the
+shared-prefill path (`decoding`) in place of transformers' `generate`.
 
-Both are context managers entered while TRL's `_generate_and_score_completions` runs.
+The first two are context managers entered while TRL's `_generate_and_score_completions` runs.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from d3s.entropy import align_step_entropies, token_entropy
-from d3s.integrations.trl.compat import is_peft_model
+from d3s.integrations.trl import decoding
+from d3s.integrations.trl.compat import is_peft_model, unwrap_model_for_generation
 
 
 class DeferredPasses:
@@ -49,9 +51,12 @@ class GenerationEntropy:
         self.temperature = temperature
         self.steps: list[torch.Tensor] = []
         self.handle = None
+        self.paused = False  # while the shared-prefill path runs: it records the entropies itself
 
     def __enter__(self):
         def hook(module, args, output):
+            if self.paused:
+                return
             logits = getattr(output, "logits", None)
             if logits is None or logits.dim() != 3 or torch.is_grad_enabled():
                 return
@@ -68,3 +73,37 @@ class GenerationEntropy:
     def entropies(self, completion_mask: torch.Tensor, width: int) -> torch.Tensor | None:
         """`(S, width)` entropies aligned with the completion tokens, or None if generation gave none."""
         return align_step_entropies(self.steps, completion_mask, width)
+
+
+def shared_prefill_turn(trainer, prompt_ids: list[list[int]]) -> tuple[list[list[int]], None]:
+    """TRL's `_generate_single_turn` on the transformers path, through `decoding.generate`: the same
+    `(completion_ids, logprobs=None)`, each distinct prompt prefilled once, finished rows leaving the batch.
+
+    The model is unwrapped as TRL unwraps it for `generate` (DeepSpeed ZeRO-3 parameters gathered when
+    `ds3_gather_for_generation`, FSDP parameters summoned). When the trainer records generation entropies
+    (`GenerationEntropy`, training), they come from this path's own logits, laid out as the hook lays them.
+    """
+    capture = getattr(trainer, "_d3s_capture", None)
+    sampling = decoding.sampling_from_generation_config(trainer.generation_config)
+    sampling = decoding.Sampling(**{**vars(sampling), "eos_token_ids": tuple(trainer.eos_token_ids)})
+    with (
+        unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator,
+            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            generation_kwargs=trainer.generation_kwargs,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        ) as unwrapped_model,
+        torch.no_grad(),
+        trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
+    ):
+        if capture is not None:
+            capture.paused = True
+        try:
+            out = decoding.generate(unwrapped_model, prompt_ids, sampling,
+                                    entropy_temperature=capture.temperature if capture is not None else None)
+        finally:
+            if capture is not None:
+                capture.paused = False
+    if capture is not None:
+        capture.steps.extend(out.step_entropies)
+    return out.completion_ids, None

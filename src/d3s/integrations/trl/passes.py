@@ -83,3 +83,26 @@ def reference_logps(trainer, batch, mask):
     model = trainer.accelerator.unwrap_model(trainer.model)
     with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
         return trainer._d3s_no_grad_logps(trainer.model, batch, mask)[0]
+
+
+def zero_loss(trainer, model, inputs: dict) -> torch.Tensor:
+    """A loss of exactly 0 whose backward reaches every parameter: a 1-token forward of the first row.
+
+    The update then equals that of the full computation (zero gradients, the optimizer still steps:
+    AdamW's moments decay and move the weights), through the same model call as every other micro-batch,
+    so DDP/DeepSpeed/FSDP see an ordinary backward.
+    """
+    one = torch.ones(1, 1, dtype=torch.bool, device=inputs["completion_ids"].device)
+    logps, _, _ = trainer._d3s_forward(
+        model,
+        inputs["prompt_ids"][:1, -1:],
+        torch.ones_like(inputs["prompt_mask"][:1, -1:]),
+        inputs["completion_ids"][:1, :1],
+        torch.ones_like(inputs["completion_mask"][:1, :1]),
+        grad_positions=one,
+        value_positions=None,
+    )
+    trainer._d3s_log_loss_metrics(None, None, None, inputs["advantages"], None, None)
+    if trainer.aux_loss_enabled:
+        trainer._d3s_log_aux_loss(None)
+    return (logps * 0.0).sum()

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import torch
 
 from d3s.advantages import weighted_rewards
 from d3s.integrations.trl.rows import merge_generations
 from d3s.prompt_filter import PromptHistory, choose_prompts, draw_prompts, flat_groups
+from d3s.schedule import generation_index
 
 CHECKPOINT_FILE = "d3s_prompt_history.pt"
 """The prompt history in a checkpoint folder (written by the main process)."""
@@ -201,3 +203,24 @@ def generate(trainer, inputs: list[dict]) -> tuple[dict, torch.Tensor | None, di
     rewards_per_func = torch.cat([r[2] for r in rounds])  # (R*B*G, F)
     trainer._d3s_rewards_per_func = rewards_per_func[rows.to(rewards_per_func.device)]  # (B*G, F)
     return merged, entropies, counts
+
+
+def save_history(trainer, trial) -> None:
+    """Write the prompt history (prompt_skip) into the checkpoint TRL just saved, as TRL keeps its entropy state."""
+    chooser = trainer._d3s_prompts
+    if chooser is None or not chooser.skip or not trainer.args.should_save:
+        return
+    folder = os.path.join(trainer._get_output_dir(trial=trial), f"checkpoint-{trainer.state.global_step}")
+    next_index = generation_index(trainer.state.global_step, 0, trainer.args.gradient_accumulation_steps,
+                                  trainer.args.steps_per_generation * trainer.num_iterations)
+    torch.save(chooser.state_dict(next_index), os.path.join(folder, CHECKPOINT_FILE))
+
+
+def load_history(trainer, checkpoint: str | None) -> None:
+    """Restore the prompt history of `checkpoint`; one written without prompt_skip has none: it starts empty."""
+    chooser = trainer._d3s_prompts
+    if checkpoint is None or chooser is None or not chooser.skip:
+        return
+    path = os.path.join(checkpoint, CHECKPOINT_FILE)
+    if os.path.isfile(path):
+        chooser.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))

@@ -288,3 +288,26 @@ def log_loss_metrics(
     if not torch.isnan(low_all).all():
         metrics["clip_ratio/low_min"].append(nanmin(low_all).item())
         metrics["clip_ratio/high_max"].append(nanmax(high_all).item())
+
+
+def log_unchanged_batch(metrics, progress: float, num_generations: int, rewards, advantages, trl_advantages,
+                        valid_per_row) -> dict:
+    """The selection metrics of a batch nothing is cut from (`variant` grpo or gspo); returns its
+    `d3s_last_selection`. `rewards`, `advantages`, `trl_advantages`, `valid_per_row`: `(B*G,)`, all ranks."""
+    G, n_valid = num_generations, int(valid_per_row.sum())
+    log_selection(
+        metrics, progress=progress, n_keep=G, fraction=1.0, num_generations=G, rewards=rewards,
+        trained_advantages=advantages, kept_mask=torch.ones_like(advantages, dtype=torch.bool),
+        kept_advantages=trl_advantages, valid_per_row=valid_per_row, tokens_in_loss=n_valid,
+        balance=whole_rollout_balance(advantages, valid_per_row),
+    )
+    return {"kept": torch.arange(advantages.numel()), "n_keep": G, "fraction": 1.0, "tokens_in_loss": n_valid,
+            "entropy_source": "training forward"}
+
+
+def log_aux_loss(accelerator, metrics, aux_loss) -> None:
+    """TRL's `aux_loss` metric: the mean over the ranks whose micro-batch computed one (all ranks call)."""
+    value = torch.full((1,), float("nan"), device=accelerator.device) if aux_loss is None else aux_loss
+    gathered = accelerator.gather(value.detach().float().reshape(1))
+    if not torch.isnan(gathered).all():
+        metrics["aux_loss"].append(gathered.nanmean().item())

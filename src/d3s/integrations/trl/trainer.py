@@ -5,8 +5,9 @@ advantages and loss run unchanged, and only metrics are added. Otherwise one gen
 through these steps (the paper's order: select first, then compute; docs/architecture.md has the
 whole data flow):
 
-1. TRL generates and scores every rollout; its per-rollout no-grad passes are deferred, and the
-   entropies of the generated tokens come from generation's own logits (`generation`).
+1. TRL generates and scores every rollout (with `shared_prefill_generation`, through `decoding`: each
+   distinct prompt prefilled once); its per-rollout no-grad passes are deferred, and the entropies of
+   the generated tokens come from generation's own logits (`generation`).
 2. Advantages: TRL's, with exactly 0 for a group of equal rewards (`d3s.advantages.zero_where_flat`).
 3. Sample selection (docs/method.md section 2) on the advantages of ALL processes, so every rank
    computes the same kept set; the kept rows are dealt out again evenly (`d3s.batch.deal_rows`, `rows`).
@@ -27,25 +28,22 @@ eval batch with TRL's objective.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
 from d3s.advantages import weighted_rewards, zero_where_flat
 from d3s.batch import deal_rows, loss_denominator
-from d3s.integrations.trl import passes, prompts, step_metrics
+from d3s.integrations.trl import passes, prompts, step_metrics, token_mask
 from d3s.integrations.trl.compat import GRPOTrainer, is_peft_model
 from d3s.integrations.trl.config import D3SConfig
-from d3s.integrations.trl.generation import DeferredPasses, GenerationEntropy
+from d3s.integrations.trl.generation import DeferredPasses, GenerationEntropy, shared_prefill_turn
 from d3s.integrations.trl.kl_monitor import KLMonitor
-from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, gather_rows, loss_mask, take_rows
+from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, loss_mask, take_rows
 from d3s.integrations.trl.selective_head import add_selective_lm_head, selective_forward
 from d3s.loss import policy_loss
-from d3s.metrics import advantage_balance
 from d3s.prompt_filter import flat_groups
 from d3s.rollout_selection import select_rollouts
 from d3s.schedule import generation_index, generation_progress, learning_rate_progress
-from d3s.token_selection import LOWEST_SCORE, select_tokens, token_scores
 
 
 class D3SGRPOTrainer(GRPOTrainer):
@@ -146,14 +144,21 @@ class D3SGRPOTrainer(GRPOTrainer):
         if training and not self.tools:
             capture = GenerationEntropy(self.accelerator.unwrap_model(self.model), self.temperature)
         defer = DeferredPasses(self) if training and self.d3s_active else contextlib.nullcontext()
+        self._d3s_capture = capture if isinstance(capture, GenerationEntropy) else None
         with capture, defer:
             batch = super()._generate_and_score_completions(inputs)
+        self._d3s_capture = None
         if not training:
             return batch, None
         check_row_keys(batch)
         T = batch["completion_ids"].size(1)
         entropies = capture.entropies(batch["completion_mask"], T) if isinstance(capture, GenerationEntropy) else None
         return batch, entropies
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self.args.shared_prefill_generation and images is None and not multimodal_fields:
+            return shared_prefill_turn(self, prompt_ids)  # transformers path, each distinct prompt prefilled once
+        return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:
@@ -201,23 +206,10 @@ class D3SGRPOTrainer(GRPOTrainer):
         valid_per_row = self.accelerator.gather(mask.sum(dim=1))  # (B*G,) loss tokens per rollout
         step_metrics.log_generated_entropy(self.accelerator, metrics, generation_entropies, mask, self.d3s_active)
         self._d3s_monitor_kl(batch)
-        everything = torch.ones_like(advantages, dtype=torch.bool)
-
         if not self.d3s_active:  # TRL's batch unchanged
-            n_valid = int(valid_per_row.sum())
-            step_metrics.log_selection(
-                metrics, progress=progress, n_keep=G, fraction=1.0, num_generations=G, rewards=rewards,
-                trained_advantages=advantages, kept_mask=everything, kept_advantages=trl_advantages,
-                valid_per_row=valid_per_row, tokens_in_loss=n_valid,
-                balance=step_metrics.whole_rollout_balance(advantages, valid_per_row),
+            self.d3s_last_selection = step_metrics.log_unchanged_batch(
+                metrics, progress, G, rewards, advantages, trl_advantages, valid_per_row
             )
-            self.d3s_last_selection = {
-                "kept": torch.arange(advantages.numel()),
-                "n_keep": G,
-                "fraction": 1.0,
-                "tokens_in_loss": n_valid,
-                "entropy_source": "training forward",
-            }
             return batch
 
         S_local = batch["advantages"].size(0)
@@ -230,7 +222,7 @@ class D3SGRPOTrainer(GRPOTrainer):
                 advantages, rewards, G, n_keep, settings.sample_selection, scale_rewards=self.scale_rewards
             )
             kept, kept_advantages = selection.indices, selection.advantages  # (K,), (K,)
-        kept_mask = torch.zeros_like(everything)
+        kept_mask = torch.zeros_like(advantages, dtype=torch.bool)
         kept_mask[kept] = True
         trained_advantages = torch.zeros_like(advantages)  # (B*G,)
         trained_advantages[kept] = kept_advantages
@@ -282,13 +274,9 @@ class D3SGRPOTrainer(GRPOTrainer):
             clipped=clipped[-1],
         )
         self.d3s_last_selection = {
-            "kept": kept.cpu(),
-            "n_keep": n_keep,
-            "fraction": fraction,
-            "tokens_in_loss": n_tokens,
-            "rows_per_rank": batch["completion_mask"].size(0),
+            "kept": kept.cpu(), "n_keep": n_keep, "fraction": fraction, "tokens_in_loss": n_tokens,
+            "rows_per_rank": batch["completion_mask"].size(0), "entropy_source": entropy_source,
             "kept_per_rank_before": torch.bincount(torch.div(kept, S_local, rounding_mode="floor"), minlength=P).cpu(),
-            "entropy_source": entropy_source,
             **({"token_mask": all_token_mask.cpu()} if settings.token_selection else {}),
         }
         return batch
@@ -304,26 +292,8 @@ class D3SGRPOTrainer(GRPOTrainer):
     # -- token level (paper eq. 8) ------------------------------------------------------------------
 
     def _d3s_token_mask(self, advantages, entropies, mask, fraction):
-        """Top-K% |A| x H over the rows of ALL ranks: one threshold, identical on every rank.
-
-        With `token_cut` 'sign' or 'rollout', a `min_tokens_per_rollout` floor or `keep_last_in_loss`, the cut of
-        `d3s.token_selection.select_tokens` on the same gathered scores.
-
-        Returns this rank's `(R, T)` mask, the mask of all ranks `(P*R, T_max)`, the number of
-        non-finite scores (all ranks) and `(balance, one_sided)` of the tokens kept (`d3s.metrics.advantage_balance`).
-        """
-        scores = token_scores(advantages, entropies.float(), mask)  # (R, T), -inf at padding
-        R, T = scores.shape
-        all_scores = gather_rows(self.accelerator, scores, -float("inf"), False)  # (P*R, T_max)
-        all_advantages = gather_rows(self.accelerator, advantages, 0.0, False)  # (P*R,)
-        offered = all_scores > -float("inf")  # (P*R, T_max)
-        all_mask = select_tokens(all_scores, fraction, advantages=all_advantages, cut=self.args.token_cut,
-                                 min_per_rollout=self.args.min_tokens_per_rollout,
-                                 keep_last=self.args.keep_last_in_loss)  # 'batch', 0, False: the paper's
-        n_nonfinite = int((all_scores == LOWEST_SCORE).sum())
-        rank = self.accelerator.process_index
-        balance = advantage_balance(all_advantages, all_mask, offered)
-        return all_mask[rank * R : (rank + 1) * R, :T], all_mask, n_nonfinite, balance
+        """Top-K% |A| x H over the rows of ALL ranks: one threshold, identical on every rank (`token_mask`)."""
+        return token_mask.gathered_token_mask(self.accelerator, self.args, advantages, entropies, mask, fraction)
 
     # -- the KL metric at beta = 0 ------------------------------------------------------------------
 
@@ -342,19 +312,11 @@ class D3SGRPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self._d3s_prompts is not None and self._d3s_prompts.skip and self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            next_index = generation_index(self.state.global_step, 0, self.args.gradient_accumulation_steps,
-                                          self.args.steps_per_generation * self.num_iterations)
-            torch.save(self._d3s_prompts.state_dict(next_index), os.path.join(folder, prompts.CHECKPOINT_FILE))
+        prompts.save_history(self, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or self._d3s_prompts is None or not self._d3s_prompts.skip:
-            return
-        path = os.path.join(checkpoint, prompts.CHECKPOINT_FILE)
-        if os.path.isfile(path):  # a checkpoint written without prompt_skip has none: the history starts empty
-            self._d3s_prompts.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        prompts.load_history(self, checkpoint)
 
     # -- loss (paper eqs. 1, 3, 10) -----------------------------------------------------------------
 
@@ -480,33 +442,11 @@ class D3SGRPOTrainer(GRPOTrainer):
         return loss
 
     def _d3s_zero_loss(self, model, inputs):
-        """A loss of exactly 0 whose backward reaches every parameter: a 1-token forward of the first row.
-
-        The update then equals that of the full computation (zero gradients, the optimizer still steps:
-        AdamW's moments decay and move the weights), through the same model call as every other micro-batch,
-        so DDP/DeepSpeed/FSDP see an ordinary backward.
-        """
-        one = torch.ones(1, 1, dtype=torch.bool, device=inputs["completion_ids"].device)
-        logps, _, _ = self._d3s_forward(
-            model,
-            inputs["prompt_ids"][:1, -1:],
-            torch.ones_like(inputs["prompt_mask"][:1, -1:]),
-            inputs["completion_ids"][:1, :1],
-            torch.ones_like(inputs["completion_mask"][:1, :1]),
-            grad_positions=one,
-            value_positions=None,
-        )
-        self._d3s_log_loss_metrics(None, None, None, inputs["advantages"], None, None)
-        if self.aux_loss_enabled:
-            self._d3s_log_aux_loss(None)
-        return (logps * 0.0).sum()
+        """A loss of exactly 0 whose backward reaches every parameter (`passes.zero_loss`)."""
+        return passes.zero_loss(self, model, inputs)
 
     def _d3s_log_aux_loss(self, aux_loss) -> None:
-        """TRL's `aux_loss` metric: the mean over the ranks whose micro-batch computed one (all ranks call)."""
-        value = torch.full((1,), float("nan"), device=self.accelerator.device) if aux_loss is None else aux_loss
-        gathered = self.accelerator.gather(value.detach().float().reshape(1))
-        if not torch.isnan(gathered).all():
-            self._metrics["train"]["aux_loss"].append(gathered.nanmean().item())
+        step_metrics.log_aux_loss(self.accelerator, self._metrics["train"], aux_loss)
 
     def _d3s_log_loss_metrics(self, loss_metrics, per_token_logps, old_per_token_logps, advantages, used, entropies):
         step_metrics.log_loss_metrics(
