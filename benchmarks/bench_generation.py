@@ -15,13 +15,14 @@ model; reward scoring is timed on the completions. Positions computed are counte
 2 x (non-embedding parameters + LM head) per position plus attention, and stated as achieved GFLOP/s
 against `torch.mm` at the same shapes measured in the same run. Then the held-out evaluation (greedy,
 `--heldout` problems): `generate` in batches of 64 prompts (the earlier default) against the shared-prefill
-path in batches of 256, counting identical completions, and the shared-prefill path on `--heldout-large`
-problems. Writes `generation.json` and `generation.md` (with `lscpu`) under --out.
+path in batches of 256, counting identical completions; and on arith-2digit (the default task has only 253
+distinct problems), `generate` on `--heldout` problems against the shared-prefill path on `--heldout-large`. Writes `generation.json` and `generation.md` (with `lscpu`) under --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -62,18 +63,20 @@ class ModelClock:
             h.remove()
 
 
-def flops_per_position(config, context: float) -> float:
-    """2 x (non-embedding parameters + LM head) + attention scores and values over `context` keys (4 x L x d x ctx)."""
+def flops_per_position(config, context: float, head: bool = True) -> float:
+    """2 x non-embedding parameters, plus 2 x d x V for the LM head where logits are computed (`head`), plus
+    attention scores and values over `context` keys (4 x L x d x ctx)."""
     d, L, V = config.hidden_size, config.num_hidden_layers, config.vocab_size
     kv = config.num_key_value_heads * (d // config.num_attention_heads)
     per_layer = d * d * 2 + d * kv * 2 + 3 * d * config.intermediate_size  # q, o, k, v, MLP
-    return 2 * (L * per_layer + d * V) + 4 * L * d * context
+    return 2 * (L * per_layer + (d * V if head else 0)) + 4 * L * d * context
 
 
-def mm_peak(rows: int, config, repeats: int = 10) -> float:
-    """GFLOP/s of `torch.mm` at the shapes of a forward over `rows` positions (MLP and LM head)."""
+def mm_peak(rows: int, config, repeats: int = 10, head: bool = True) -> float:
+    """GFLOP/s of `torch.mm` at the shapes of a forward over `rows` positions (MLP, and the LM head with `head`)."""
     total_flops = total_s = 0.0
-    for k, n in ((config.hidden_size, config.intermediate_size), (config.hidden_size, config.vocab_size)):
+    shapes = [(config.hidden_size, config.intermediate_size)] + [(config.hidden_size, config.vocab_size)] * head
+    for k, n in shapes:
         a, w = torch.randn(rows, k), torch.randn(k, n)
         for _ in range(2):
             a @ w
@@ -112,6 +115,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--heldout", type=int, default=200)
     parser.add_argument("--heldout-large", type=int, default=1000)
+    parser.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time transformers' continuous batching on the held-out set")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "generation")
     a = parser.parse_args()
 
@@ -156,7 +161,10 @@ def main() -> None:
             scoring = time.perf_counter() - start
             prompt_len = statistics.mean(map(len, rows))
             mean_len = statistics.mean(map(len, completions))
-            fl_prefill = positions["prefill"] * flops_per_position(model.config, prompt_len / 2)
+            # prefill computes logits at each prompt's last position only (`logits_to_keep=1`)
+            heads = len(rows) if name == "generate" else len({tuple(r) for r in rows})
+            fl_prefill = (positions["prefill"] * flops_per_position(model.config, prompt_len / 2, head=False)
+                          + heads * 2 * model.config.hidden_size * model.config.vocab_size)
             fl_decode = positions["decode"] * flops_per_position(model.config, prompt_len + mean_len / 2)
             results[name].append({
                 "seconds": total, "prefill_s": clock.prefill, "decode_s": clock.decode,
@@ -168,7 +176,8 @@ def main() -> None:
             })
             print(f"round {r} {name}: {total:.2f} s (prefill {clock.prefill:.2f}, decode {clock.decode:.2f}, "
                   f"other {total - clock.prefill - clock.decode:.2f}), positions {positions}", flush=True)
-    peaks = {"prefill_32x44": mm_peak(32 * 44, model.config), "prefill_88": mm_peak(88, model.config),
+    peaks = {"prefill_32x44": mm_peak(32 * 44, model.config, head=False),
+             "prefill_88": mm_peak(88, model.config, head=False),
              "decode_32": mm_peak(32, model.config), "decode_8": mm_peak(8, model.config)}
 
     heldout = {}
@@ -179,17 +188,31 @@ def main() -> None:
         heldout[name] = {"problems": a.heldout, "seconds": time.perf_counter() - start,
                          "accuracy": res["accuracy"], "completions": res.pop("completions")}
         print(f"held-out {a.heldout}, {name}: {heldout[name]['seconds']:.1f} s, acc {res['accuracy']:.3f}", flush=True)
-    names = list(heldout)
+    if a.continuous_batching:  # transformers' continuous batching (TRL's use_transformers_continuous_batching)
+        from transformers import GenerationConfig
+
+        rows = [ids(p["question"]) for p in task.heldout]
+        config = GenerationConfig(max_new_tokens=48, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                                  pad_token_id=pad)
+        start = time.perf_counter()
+        model.generate_batch(rows, generation_config=config, progress_bar=False)
+        heldout["continuous batching (generate_batch)"] = {"problems": len(rows),
+                                                           "seconds": time.perf_counter() - start, "accuracy": None}
+        print(f"held-out {len(rows)}, continuous batching: {time.perf_counter() - start:.1f} s", flush=True)
+    names = list(heldout)[:2]
     same = sum(x == y for x, y in zip(heldout[names[0]]["completions"], heldout[names[1]]["completions"]))
     for entry in heldout.values():
-        entry.pop("completions")
-    if a.heldout_large:
-        task = build_task(ArithmeticTaskConfig(heldout_size=a.heldout_large), 8)
-        start = time.perf_counter()
-        res = heldout_accuracy(model, tokenizer, task, 48, 256, shared_prefill=True)
-        heldout[f"shared-prefill, 256 per call, {a.heldout_large} problems"] = {
-            "problems": a.heldout_large, "seconds": time.perf_counter() - start, "accuracy": res["accuracy"]}
-        print(f"held-out {a.heldout_large}, shared-prefill: {time.perf_counter() - start:.1f} s", flush=True)
+        entry.pop("completions", None)
+    if a.heldout_large:  # the default task has 253 distinct problems: the larger set is arith-2digit's
+        task = build_task(ArithmeticTaskConfig(max_digits=2, heldout_size=a.heldout_large), 8)
+        for name, shared, batch, size in (("generate, 64 per call", False, 64, a.heldout),
+                                          ("shared-prefill, 256 per call", True, 256, a.heldout_large)):
+            part = dataclasses.replace(task, heldout=task.heldout[:size])
+            start = time.perf_counter()
+            res = heldout_accuracy(model, tokenizer, part, 48, batch, shared_prefill=shared)
+            heldout[f"arith-2digit, {name}"] = {"problems": size, "seconds": time.perf_counter() - start,
+                                                "accuracy": res["accuracy"]}
+            print(f"held-out arith-2digit {size}, {name}: {time.perf_counter() - start:.1f} s", flush=True)
 
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     record = {"machine": {"platform": platform.platform(), "torch": torch.__version__,
@@ -227,7 +250,8 @@ def report(record: dict) -> str:
               f"`torch.mm` peak at the same shapes (GFLOP/s): {peaks}.", "", "| held-out evaluation | problems | seconds "
               "| accuracy |", "|---|---|---|---|"]
     for name, h in record["heldout"].items():
-        lines.append(f"| {name} | {h['problems']} | {h['seconds']:.1f} | {h['accuracy']:.3f} |")
+        accuracy = "-" if h["accuracy"] is None else f"{h['accuracy']:.3f}"
+        lines.append(f"| {name} | {h['problems']} | {h['seconds']:.1f} | {accuracy} |")
     same = record["heldout_identical_greedy"]
     lines += ["", f"Greedy held-out completions identical between the two paths: {same['identical']} of {same['of']}."]
     return "\n".join(lines)

@@ -68,3 +68,41 @@ def test_train_heldout_figure_equals_d3s_eval(tmp_path):
     assert results["benchmarks"]["arith"]["n_correct"] == [int(score_arith(c, r["answer"]))
                                                            for c, r in zip(eval_completions, ROWS)]
     assert during_training["correct"] == sum(results["benchmarks"]["arith"]["n_correct"])
+
+
+def _varied_tiny_model(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import torch
+
+    tiny = tiny_model_path(seed=3, cache=tmp_path / "cache")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
+    torch.manual_seed(0)
+    for param in model.parameters():  # large random weights: varied text of varied lengths
+        param.data.normal_(0.0, 0.5)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("batch_size", [2, 7, 64])
+def test_shared_prefill_heldout_completions_equal_generate(tmp_path, batch_size):
+    """The shared-prefill path gives `generate`'s greedy completions, whatever the batch size."""
+    model, tokenizer = _varied_tiny_model(tmp_path)
+    task = TaskData("arith", [], ROWS, ARITH_INSTRUCTION, arith_reward, score_arith, {})
+    plain = heldout_accuracy(model, tokenizer, task, 12, 2, keep_completions=True)
+    shared = heldout_accuracy(model, tokenizer, task, 12, batch_size, shared_prefill=True, keep_completions=True)
+    assert shared["completions"] == plain["completions"] and shared["correct"] == plain["correct"]
+    assert len(set(plain["completions"])) >= 3
+
+
+def test_shared_prefill_sampler_draws_n_per_prompt_reproducibly(tmp_path):
+    from d3s.app.evaluation.generation import SamplingSettings, TransformersSampler
+
+    model, tokenizer = _varied_tiny_model(tmp_path)
+    tokenizer.padding_side = "left"
+    sampler = TransformersSampler.from_model(model.eval(), tokenizer, batch_size=5, shared_prefill=True)
+    settings = SamplingSettings(n=4, max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=0)
+    prompts = [r["question"] for r in ROWS[:3]]
+    first = sampler.sample(prompts, settings, seed=1)
+    assert [len(c) for c in first] == [4, 4, 4]
+    assert first == sampler.sample(prompts, settings, seed=1)  # the seed fixes the draws
+    assert len({c for group in first for c in group}) > 3  # samples, not one greedy text repeated

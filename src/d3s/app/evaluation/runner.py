@@ -80,6 +80,9 @@ class EvalConfig:
     limit: int | None = field(default=None, metadata={
         "help": "Evaluate only the first `limit` problems of each benchmark."})
     batch_size: int = field(default=32, metadata={"help": "Most sequences per generate call (transformers backend)."})
+    shared_prefill: bool = field(default=True, metadata={
+        "help": "transformers backend: prefill each prompt once for its n samples (and the prefix all prompts of a "
+                "call share once), finished samples leaving the batch; false: transformers' generate."})
     backend: Backend = field(default="auto", metadata={
         "help": "`auto` (vLLM if installed and a GPU is present, else transformers), `transformers`, `vllm`."})
     device: str = field(default="auto", metadata={"help": "`auto`, `cpu`, `cuda`, `cuda:1`, ..."})
@@ -185,6 +188,7 @@ class EvalConfig:
             "model": self.model,
             **asdict(self.sampling()),
             "seed": self.seed,
+            **({"shared_prefill": True} if self.shared_prefill else {}),  # other random draws, same distribution
             "prompt_template": self.prompt_template,
             "chat": self.chat,
             "system_prompt": self.system_prompt,
@@ -407,6 +411,7 @@ def run_eval(
                 device=c.device,
                 dtype=c.dtype,
                 batch_size=c.batch_size,
+                shared_prefill=c.shared_prefill,
             )
         )
         sampler = factory(config)
