@@ -217,3 +217,23 @@ def test_settings_it_cannot_honour_are_refused(tmp_path, settings, named):
 def test_non_bool_value_is_refused(tmp_path):
     with pytest.raises(ValueError, match="shared_prefill_generation='yes'"):
         _args(tmp_path, shared_prefill_generation="yes")
+
+
+def test_sample_tokens_draws_from_the_probabilities():
+    """Inverse-CDF sampling: frequencies match the probabilities (chi-square), zero-probability tokens never drawn."""
+    from d3s.integrations.trl.decoding import sample_tokens
+
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(1, 50) * 2, dim=-1)
+    probs[0, [0, 7, 49]] = 0.0  # as top-k / top-p leave them
+    probs = probs / probs.sum()
+    draws = sample_tokens(probs.expand(60_000, 50).contiguous())
+    counts = torch.bincount(draws, minlength=50)
+    assert counts[[0, 7, 49]].sum() == 0
+    expected = probs[0] * draws.numel()
+    used = expected > 0
+    stat = float((((counts - expected) ** 2)[used] / expected[used]).sum())
+    dof = int(used.sum()) - 1
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    assert 0.5 * math.erfc(z / math.sqrt(2)) > 1e-3
+    assert sample_tokens(torch.tensor([[0.0, 0.0, 1.0]])).item() == 2

@@ -17,7 +17,9 @@ the same model call as `generate`, so greedy completions are the same up to floa
 different batch shapes (measured: benchmarks/results/generation/), and sampled completions have the
 same distribution (the random draws differ: fewer rows draw per step). The logits are processed as
 `generate` does with `do_sample`: float32, then temperature, top-k, top-p, min-p (transformers'
-own warpers, in `generate`'s order), softmax and `torch.multinomial`; greedy is the arg-max.
+own warpers, in `generate`'s order) and softmax; the token is drawn from those probabilities by
+inverse-CDF sampling (`sample_tokens`: the distribution of `generate`'s `torch.multinomial`, at a
+twentieth of its cost on a CPU); greedy is the arg-max.
 Any other generation setting is refused by `check_generation_settings` (docs/trl.md).
 
 Imports torch and transformers only.
@@ -124,6 +126,18 @@ class Generation:
     as `GenerationEntropy` records them from `generate`."""
     positions: dict = field(default_factory=dict)
     """Positions computed: `{"prefill": ..., "decode": ...}` (rows x columns the model ran on)."""
+
+
+def sample_tokens(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row of `probs` `(A, V)`, drawn by inverse-CDF sampling: one uniform u per row and the first
+    token whose cumulative probability (float64) exceeds u times the row's total.
+
+    The distribution of `torch.multinomial(probs, 1)`; on a CPU over a 49k vocabulary about 20x cheaper (38 ms
+    against under 2 ms for 32 rows, benchmarks/results/generation/). A token of probability 0 is never drawn.
+    """
+    cdf = probs.double().cumsum(dim=-1)  # (A, V)
+    u = torch.rand(probs.size(0), 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]  # (A, 1) in [0, total)
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.size(1) - 1)  # (A,)
 
 
 def distinct_rows(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -250,7 +264,7 @@ def _generate_chunk(model, prompt_ids, sampling: Sampling, entropy_temperature: 
             scores = logits
             for warp in warpers:
                 scores = warp(None, scores)
-            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # (A,)
+            tokens = sample_tokens(torch.softmax(scores, dim=-1))  # (A,)
         else:
             tokens = logits.argmax(dim=-1)  # (A,)
         for row, token in zip(active.tolist(), tokens.tolist()):
