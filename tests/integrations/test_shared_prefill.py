@@ -176,12 +176,17 @@ class _Completions:
         trainer._generate_single_turn = recording
 
 
-def test_trainer_greedy_completions_equal_trl_path(tmp_path):
-    """With greedy decoding, the trainer generates exactly TRL's completions, and trains the same."""
+@pytest.mark.parametrize("lora", [False, True])
+def test_trainer_greedy_completions_equal_trl_path(tmp_path, lora):
+    """With greedy decoding, the trainer generates exactly TRL's completions, and trains the same (also LoRA)."""
+    extra = {}
+    if lora:
+        peft = pytest.importorskip("peft")
+        extra["peft_config"] = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     runs = {}
     for shared in (False, True):
         seen = _Completions()
-        trainer = _greedy_trainer(tmp_path / str(shared), shared, variant="d3s", setup=seen)
+        trainer = _greedy_trainer(tmp_path / str(shared), shared, variant="d3s", setup=seen, **extra)
         runs[shared] = (seen.seen, trainer.grad_recorder, trainer)
     assert runs[True][0] == runs[False][0] and len(runs[True][0]) == 2
     assert runs[True][2].d3s_last_selection["entropy_source"] == "generation"

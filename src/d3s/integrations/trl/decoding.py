@@ -220,19 +220,22 @@ def _prefill(model, distinct: list[list[int]], pad_token_id: int, cache, device)
     its real tokens, as `generate` numbers them; the padding columns are masked out.
     """
     U = len(distinct)
-    c = common_prefix_length(distinct) if U > 1 else 0
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    # a sliding window counts cache columns, and the padding between prefix and own tokens would shift them
+    shareable = U > 1 and (not window or window >= max(map(len, distinct)) + 1)
+    c = common_prefix_length(distinct) if shareable else 0
     computed = c
     prefix_mask = torch.ones(U, c, dtype=torch.long, device=device)  # (U, c)
     if c:
         prefix = torch.tensor([distinct[0][:c]], device=device)  # (1, c)
         model(input_ids=prefix, attention_mask=prefix_mask[:1], position_ids=torch.arange(c, device=device)[None],
-              **_cache(model, cache), use_cache=True, logits_to_keep=1)
+              **_cache(model, cache), use_cache=True, **_last_logits_only(model))
         cache.batch_select_indices(torch.zeros(U, dtype=torch.long, device=device))  # (U, ...) shared prefix
     ids, own_mask = _left_pad([p[c:] for p in distinct], pad_token_id, device)  # (U, L), (U, L)
     positions = (c + own_mask.cumsum(dim=1) - 1).masked_fill(own_mask == 0, 1)  # (U, L) as `generate` sets them
     mask = torch.cat([prefix_mask, own_mask], dim=1)  # (U, c + L)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **_cache(model, cache), use_cache=True,
-                logits_to_keep=1)
+                **_last_logits_only(model))
     computed += ids.numel()
     return out.logits[:, -1].to(dtype=torch.float32), mask, positions[:, -1] + 1, computed
 
@@ -285,10 +288,19 @@ def _generate_chunk(model, prompt_ids, sampling: Sampling, entropy_temperature: 
     return Generation(completions, steps, counts)
 
 
+def _forward_parameters(model):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inspect.signature(type(base).forward).parameters
+
+
 def _cache(model, cache) -> dict:
     """The keyword a model's forward takes its cache by: `cache` (transformers >= 5.x models) or `past_key_values`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {"cache": cache} if "cache" in inspect.signature(type(base).forward).parameters else {"past_key_values": cache}
+    return {"cache": cache} if "cache" in _forward_parameters(model) else {"past_key_values": cache}
+
+
+def _last_logits_only(model) -> dict:
+    """`logits_to_keep=1` where the model's forward takes it (the LM head at the last position only)."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(model) else {}
 
 
 def _preallocated_cache(model, capacity: int):
