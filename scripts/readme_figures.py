@@ -145,7 +145,8 @@ def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
                      f"{ahead} of {total} evaluations |")
     lines.append("")
     lines.append(f"Source: {_link(folder, prefix)} (`compare.json`; the last two columns from the runs' "
-                 "`metrics.jsonl`). All variants ran the same number of steps.")
+                 "`metrics.jsonl`). All variants ran the same number of steps. Step time is the mean over seeds of "
+                 "each run's seconds per step, on whichever machine it ran (the folder's README says which).")
     return "\n".join(lines)
 
 
@@ -189,12 +190,18 @@ def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
             different, unrecorded = different + diff, unrecorded + unrec
             spread = (f"{min(shares):.2f}-{max(shares):.2f} ({len(shares)} runs)" if shares else "no same-machine pair")
             parts.append(f"{LABELS[v]} on {task}: {spread}")
+    shares_of_step = []
+    for folder in ("campaign5-default", "campaign5-arith2digit"):
+        parts_s = _compare(root, folder)["variants"]["grpo"]["step_seconds_mean"]
+        shares_of_step.append(parts_s["generation"] / parts_s["step"])
+    bounds = " and ".join(f"{x:.2f}" for x in shares_of_step) + " (default task and arith-2digit)"
     return ("Where a D3S run reached the same seed's GRPO final accuracy, the training wall-clock it took, as a "
             "share of that GRPO run's whole training wall-clock, counting only pairs timed on one recorded "
             f"machine ({different} reaching pairs timed on different machines and {unrecorded} whose machine was not "
             "recorded are left out): " + "; ".join(parts)
             + ". That lead comes from cheaper steps (the step-time column above): at equal steps a D3S run also "
-            f"stops sooner, and no run has given D3S GRPO's compute. Sources: {_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
+            "stops sooner, and no run has given D3S GRPO's compute. Generation, which every variant does in full, "
+            f"takes {bounds} of GRPO's step, so no variant's step can cost less than that here. Sources: {_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
 
 
 def seed_spread(root: Path, prefix: str = "") -> str:
