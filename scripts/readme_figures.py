@@ -1,0 +1,303 @@
+"""The learning and speed figures that README.md and docs/*.md quote, computed from committed campaigns.
+
+Every figure sits in a marked block of a page:
+
+    <!-- figures:NAME -->
+    ...generated text...
+    <!-- /figures:NAME -->
+
+and comes from `benchmarks/results/<folder>/compare.json` (what `d3s compare` wrote) or, for what that file
+does not hold (the held-out curve of every run, the machine a run was timed on), the run folders beside it.
+Each block names its source folders in its text.
+
+    python scripts/readme_figures.py           # rewrite every block from the data
+    python scripts/readme_figures.py --check   # exit 1, naming each block whose text differs from the data
+
+Intervals are the repository's own (`d3s.app.intervals.mean_interval`: 95% Student t over seeds, paired by
+seed); an interval that contains zero is reported as "not shown".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+from d3s.app.compare_summary import _reach, _run_machine, run_dir, same_machine
+from d3s.app.intervals import mean_interval
+from d3s.app.runfolder import read_run_records
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "benchmarks/results"
+PAGES = ("README.md", "docs/*.md")
+BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
+
+FLOOR = "d3s+min_tokens_per_rollout=4"
+LABELS = {"grpo": "GRPO", "d3s": "paper's D3S", FLOOR: "D3S + floor (default recipe)", "d1s-c": "D1S-C",
+          "d3s+keep_last_in_loss": "paper's D3S + keep_last_in_loss"}
+
+
+# --- reading ------------------------------------------------------------------------------------------------
+
+def _compare(root: Path, folder: str) -> dict:
+    return json.loads((root / RESULTS / folder / "compare.json").read_text())
+
+
+def _evals(root: Path, folder: str, variant: str, seed: int) -> list[dict]:
+    records = read_run_records(run_dir(root / RESULTS / folder, variant, seed) / "metrics.jsonl")
+    return [r for r in records if r.get("type") == "eval"]
+
+
+def _link(folder: str, prefix: str = "") -> str:
+    return f"[`{RESULTS}/{folder}/`]({prefix}{RESULTS}/{folder}/)"
+
+
+# --- formatting ---------------------------------------------------------------------------------------------
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def points(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def paired(diff: float, ci: list[float] | tuple[float, float] | None) -> str:
+    """'+2.2 points [-10.5, +14.9], not shown' (a 95% interval that contains zero shows nothing)."""
+    if ci is None:
+        return f"{points(diff)} points (one seed, no interval)"
+    lo, hi = ci
+    tail = ", not shown" if lo <= 0 <= hi else ""
+    return f"{points(diff)} points [{points(lo)}, {points(hi)}]{tail}"
+
+
+def paired_between(a: list[float], b: list[float]) -> str:
+    diffs = [x - y for x, y in zip(a, b)]
+    return paired(statistics.mean(diffs), mean_interval(diffs))
+
+
+# --- figures ------------------------------------------------------------------------------------------------
+
+def same_seed_reach(root: Path, folder: str, variant: str, seeds: list[int]) -> int:
+    """How many seeds' runs reached the SAME seed's GRPO final accuracy at some held-out evaluation."""
+    grpo = {s: _evals(root, folder, "grpo", s)[-1]["accuracy"] for s in seeds}
+    return sum(_reach(_evals(root, folder, variant, s), grpo[s]) is not None for s in seeds)
+
+
+def curve_ahead(root: Path, folder: str, variant: str, seeds: list[int]) -> tuple[int, int]:
+    """(evaluations after step 0 at which the variant's mean held-out accuracy over seeds is above GRPO's,
+    evaluations compared): learning per step, both at the same steps."""
+    def mean_curve(v: str) -> dict[int, float]:
+        by_step: dict[int, list[float]] = {}
+        for s in seeds:
+            for r in _evals(root, folder, v, s):
+                by_step.setdefault(r["step"], []).append(r["accuracy"])
+        return {k: statistics.mean(x) for k, x in by_step.items() if k > 0 and len(x) == len(seeds)}
+    mine, grpo = mean_curve(variant), mean_curve("grpo")
+    steps = sorted(set(mine) & set(grpo))
+    return sum(mine[k] > grpo[k] + 1e-12 for k in steps), len(steps)
+
+
+def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tuple[list[float], int, int]:
+    """Training wall-clock to the same seed's GRPO final accuracy as a share of that GRPO run's whole training
+    wall-clock, for pairs timed on one recorded machine; and the numbers of reaching pairs left out because they
+    were timed on different machines and because a run did not record its machine."""
+    base = root / RESULTS / folder
+    shares, different, unrecorded = [], 0, 0
+    for s in seeds:
+        grpo_evals = _evals(root, folder, "grpo", s)
+        hit = _reach(_evals(root, folder, variant, s), grpo_evals[-1]["accuracy"])
+        if hit is None:
+            continue
+        same = same_machine(_run_machine(run_dir(base, variant, s)), _run_machine(run_dir(base, "grpo", s)))
+        if not same:
+            different += same is False
+            unrecorded += same is None
+            continue
+        grpo_wall = json.loads((run_dir(base, "grpo", s) / "summary.json").read_text())["train_wall_s"]
+        shares.append(hit["wall_s"] / grpo_wall)
+    return shares, different, unrecorded
+
+
+def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
+    """Final accuracy, paired difference, work and when each variant reached GRPO's final accuracy."""
+    c = _compare(root, folder)
+    seeds, g = c["seeds"], c["variants"]["grpo"]
+    lines = [f"| variant | final held-out acc, mean [95% CI over {len(seeds)} seeds] | vs GRPO, paired | "
+             "positions computed (x GRPO) | step time (x GRPO) | reached the same seed's GRPO final | "
+             "mean curve above GRPO's |",
+             "|---|---|---|---|---|---|---|"]
+    for v, r in c["variants"].items():
+        lo, hi = r["seed_ci95"]
+        work = r["computed_tokens_mean"] / g["computed_tokens_mean"]
+        step = r["step_seconds_mean"]["step"] / g["step_seconds_mean"]["step"]
+        if v == "grpo":
+            lines.append(f"| {LABELS.get(v, v)} | {pct(r['final_accuracy_mean'])} [{100 * lo:.1f}, {100 * hi:.1f}] "
+                         f"| - | 1.00 | 1.00 | - | - |")
+            continue
+        ahead, total = curve_ahead(root, folder, v, seeds)
+        lines.append(f"| {LABELS.get(v, v)} | {pct(r['final_accuracy_mean'])} [{100 * lo:.1f}, {100 * hi:.1f}] | "
+                     f"{paired(r['diff_to_reference_mean'], r['diff_to_reference_ci95'])} | {work:.2f} | {step:.2f} | "
+                     f"{same_seed_reach(root, folder, v, seeds)} of {len(seeds)} seeds | "
+                     f"{ahead} of {total} evaluations |")
+    lines.append("")
+    lines.append(f"Source: {_link(folder, prefix)} (`compare.json`; the last two columns from the runs' "
+                 "`metrics.jsonl`). All variants ran the same number of steps. Step time is the mean over seeds of "
+                 "each run's seconds per step, on whichever machine it ran (the folder's README says which).")
+    return "\n".join(lines)
+
+
+def quick_evidence(root: Path, prefix: str = "") -> str:
+    d, a = _compare(root, "campaign5-default"), _compare(root, "campaign5-arith2digit")
+    fd, fa = d["variants"][FLOOR], a["variants"][FLOOR]
+    pd, pa = d["variants"]["d3s"], a["variants"]["d3s"]
+    work = fd["computed_tokens_mean"] / d["variants"]["grpo"]["computed_tokens_mean"]
+    return (f"Over {len(d['seeds'])} paired seeds, at the same number of steps as GRPO: on the default task D3S "
+            f"(the default recipe, with its floor) ended at {pct(fd['final_accuracy_mean'])} against GRPO's "
+            f"{pct(d['variants']['grpo']['final_accuracy_mean'])} "
+            f"({paired(fd['diff_to_reference_mean'], fd['diff_to_reference_ci95'])}) having computed "
+            f"{work:.2f} of GRPO's training-forward positions; on arith-2digit it ended at "
+            f"{pct(fa['final_accuracy_mean'])} against {pct(a['variants']['grpo']['final_accuracy_mean'])} "
+            f"({paired(fa['diff_to_reference_mean'], fa['diff_to_reference_ci95'])}). The paper's D3S ended "
+            f"below GRPO on both (default task {paired(pd['diff_to_reference_mean'], pd['diff_to_reference_ci95'])}; "
+            f"arith-2digit {paired(pa['diff_to_reference_mean'], pa['diff_to_reference_ci95'])}). Sources: "
+            f"{_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
+
+
+def floor_vs_paper(root: Path, prefix: str = "") -> str:
+    d, a = _compare(root, "campaign5-default"), _compare(root, "campaign5-arith2digit")
+    fd, pdd = d["variants"][FLOOR]["final_accuracy_per_seed"], d["variants"]["d3s"]["final_accuracy_per_seed"]
+    fa, pa = a["variants"][FLOOR]["final_accuracy_per_seed"], a["variants"]["d3s"]["final_accuracy_per_seed"]
+    fresh = [i for i, s in enumerate(d["seeds"]) if s >= 3]
+    return (f"The floor against the paper's D3S, paired by seed: on the default task "
+            f"{paired_between(fd, pdd)} over seeds {d['seeds'][0]}-{d['seeds'][-1]}, but seeds 1-2 are the ones "
+            f"the floor was chosen on; on seeds 3-{d['seeds'][-1]} alone "
+            f"{paired_between([fd[i] for i in fresh], [pdd[i] for i in fresh])}. On arith-2digit "
+            f"{paired_between(fa, pa)}. Sources: {_link('campaign5-default', prefix)}, "
+            f"{_link('campaign5-arith2digit', prefix)}.")
+
+
+def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
+    parts = []
+    different = unrecorded = 0
+    for folder, task in (("campaign5-default", "the default task"), ("campaign5-arith2digit", "arith-2digit")):
+        c = _compare(root, folder)
+        for v in ("d3s", FLOOR):
+            shares, diff, unrec = wall_shares(root, folder, v, c["seeds"])
+            different, unrecorded = different + diff, unrecorded + unrec
+            spread = (f"{min(shares):.2f}-{max(shares):.2f} ({len(shares)} runs)" if shares else "no same-machine pair")
+            parts.append(f"{LABELS[v]} on {task}: {spread}")
+    shares_of_step = []
+    for folder in ("campaign5-default", "campaign5-arith2digit"):
+        parts_s = _compare(root, folder)["variants"]["grpo"]["step_seconds_mean"]
+        shares_of_step.append(parts_s["generation"] / parts_s["step"])
+    bounds = " and ".join(f"{x:.2f}" for x in shares_of_step) + " (default task and arith-2digit)"
+    return ("Where a D3S run reached the same seed's GRPO final accuracy, the training wall-clock it took, as a "
+            "share of that GRPO run's whole training wall-clock, counting only pairs timed on one recorded "
+            f"machine ({different} reaching pairs timed on different machines and {unrecorded} whose machine was not "
+            "recorded are left out): " + "; ".join(parts)
+            + ". That lead comes from cheaper steps (the step-time column above): at equal steps a D3S run also "
+            "stops sooner, and no run has given D3S GRPO's compute. Generation, which every variant does in full, "
+            f"takes {bounds} of GRPO's step, so no variant's step can cost less than that here. Sources: {_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
+
+
+def seed_spread(root: Path, prefix: str = "") -> str:
+    c = _compare(root, "campaign5-default")
+    sds = {v: statistics.stdev(r["final_accuracy_per_seed"]) for v, r in c["variants"].items()}
+    text = ", ".join(f"{LABELS.get(v, v)} {100 * sd:.1f}" for v, sd in sds.items())
+    return (f"The seed matters: the standard deviation over {len(c['seeds'])} seeds of the final held-out accuracy "
+            f"is, in points, {text} ({_link('campaign5-default', prefix)}).")
+
+
+def three_seed_history(root: Path, prefix: str = "") -> str:
+    a3, a5 = _compare(root, "campaign-arith2digit"), _compare(root, "campaign5-arith2digit")
+    d3, d5 = _compare(root, "campaign-default"), _compare(root, "campaign5-default")
+    r3, r5, q3, q5 = a3["variants"]["d3s"], a5["variants"]["d3s"], d3["variants"]["d3s"], d5["variants"]["d3s"]
+    return (f"The paper's D3S against GRPO, paired, in the first 3-seed campaigns and in the 5-seed ones (the "
+            f"3-seed runs used a cosine-decay recipe): default task {paired(q3['diff_to_reference_mean'], q3['diff_to_reference_ci95'])} "
+            f"({_link('campaign-default', prefix)}), then {paired(q5['diff_to_reference_mean'], q5['diff_to_reference_ci95'])}; "
+            f"arith-2digit {paired(r3['diff_to_reference_mean'], r3['diff_to_reference_ci95'])} "
+            f"({_link('campaign-arith2digit', prefix)}), then {paired(r5['diff_to_reference_mean'], r5['diff_to_reference_ci95'])}. "
+            "Three seeds turned the sign on arith-2digit; five did not confirm it.")
+
+
+def keep_last(root: Path, prefix: str = "") -> str:
+    out = []
+    for folder, task in (("keep-last-arith2digit", "arith-2digit"), ("keep-last-default", "the default task")):
+        c = _compare(root, folder)
+        k, p = c["variants"]["d3s+keep_last_in_loss"], c["variants"]["d3s"]
+        out.append(f"on {task} ({_link(folder, prefix)}) {pct(k['final_accuracy_mean'])} against "
+                   f"{pct(p['final_accuracy_mean'])} without it "
+                   f"({paired_between(k['final_accuracy_per_seed'], p['final_accuracy_per_seed'])}; against GRPO "
+                   f"{paired(k['diff_to_reference_mean'], k['diff_to_reference_ci95'])}), GRPO's "
+                   f"final reached by the same seed in {same_seed_reach(root, folder, 'd3s+keep_last_in_loss', c['seeds'])} "
+                   f"of {len(c['seeds'])} seeds")
+    return "`--keep_last_in_loss true` on the paper's D3S, 5 seeds: " + "; ".join(out) + "."
+
+
+FIGURES = {
+    "quick-evidence": quick_evidence,
+    "campaign5-default": lambda root, prefix="": campaign_table(root, "campaign5-default", prefix),
+    "campaign5-arith2digit": lambda root, prefix="": campaign_table(root, "campaign5-arith2digit", prefix),
+    "floor-vs-paper": floor_vs_paper,
+    "wall-clock-to-grpo": wall_clock_to_grpo,
+    "seed-spread": seed_spread,
+    "three-seed-history": three_seed_history,
+    "keep-last": keep_last,
+}
+
+
+# --- the pages ----------------------------------------------------------------------------------------------
+
+def pages(root: Path) -> list[Path]:
+    return [p for pattern in PAGES for p in sorted(root.glob(pattern))]
+
+
+def render(text: str, root: Path, prefix: str = "") -> tuple[str, list[str]]:
+    """The page with every block regenerated, and the names of the blocks whose text changed."""
+    changed: list[str] = []
+
+    def fill(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in FIGURES:
+            raise SystemExit(f"unknown figures block {name!r}; known: {', '.join(FIGURES)}")
+        body = FIGURES[name](root, prefix) + "\n"
+        if body != m.group("body"):
+            changed.append(name)
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(fill, text), changed
+
+
+def run(root: Path, check: bool, files: list[Path] | None = None) -> list[str]:
+    """Regenerate (or with `check`, only compare) the blocks of `files` (default: README.md and docs/*.md);
+    returns 'file: block' for every block whose text differs from the data."""
+    stale = []
+    for page in files or pages(root):
+        text = page.read_text(encoding="utf-8")
+        prefix = "../" if page.parent.name == "docs" else ""
+        new, changed = render(text, root, prefix)
+        stale += [f"{page.name}: {name}" for name in changed]
+        if not check and new != text:
+            page.write_text(new, encoding="utf-8")
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if any block differs from the data")
+    args = parser.parse_args(argv)
+    stale = run(ROOT, args.check)
+    if args.check and stale:
+        print("figures that differ from the committed data (run scripts/readme_figures.py):", *stale, sep="\n  ")
+        return 1
+    if not args.check:
+        print(f"{len(stale)} block(s) rewritten" + (": " + ", ".join(stale) if stale else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
