@@ -238,7 +238,52 @@ def keep_last(root: Path, prefix: str = "") -> str:
     return "`--keep_last_in_loss true` on the paper's D3S, 5 seeds: " + "; ".join(out) + "."
 
 
+def _step_means(run: Path) -> dict[str, float]:
+    train = [r for r in read_run_records(run / "metrics.jsonl") if r.get("type") == "train"]
+    keys = ("step_time", "d3s/time/generation", "d3s/time/forward", "d3s/time/backward")
+    return {k: statistics.mean(r[k] for r in train if r.get(k) is not None) for k in keys}
+
+
+def first_command(root: Path, prefix: str = "") -> str:
+    """The README's first command from a clean clone: wall-clock, accuracy, and where a step's time went, beside the
+    same command with transformers' `generate` on the same machine."""
+    folder = root / RESULTS / "first-command"
+    walls = dict(re.findall(r"(setup|d3s train|total) ([\d.]+) s", (folder / "wall-clock.txt").read_text()))
+    summary = json.loads((folder / "summary.json").read_text())
+    evals = [r for r in read_run_records(folder / "metrics.jsonl") if r.get("type") == "eval"]
+    ours, theirs = _step_means(folder), _step_means(folder / "generate-path")
+    other = json.loads((folder / "generate-path" / "summary.json").read_text())
+    parts = f"generation {ours['d3s/time/generation']:.1f} s, forward {ours['d3s/time/forward']:.1f} s, " \
+            f"backward {ours['d3s/time/backward']:.1f} s"
+    return (f"Measured from a clean clone with empty caches on a 2-core AMD EPYC (AVX-512, fp32; no AVX2 machine was "
+            f"available), the whole first command, setup and the one-time model conversion included, took "
+            f"{float(walls['total']) / 60:.1f} minutes (setup {float(walls['setup']) / 60:.1f}, `d3s train` "
+            f"{float(walls['d3s train']) / 60:.1f}, of which {summary['train_wall_s'] / 60:.1f} training): held-out "
+            f"accuracy {pct(evals[0]['accuracy'])} -> {pct(evals[-1]['accuracy'])} (200 problems, greedy) after "
+            f"{summary['steps']} steps. A step took {ours['step_time']:.1f} s on average: {parts}. The same command "
+            f"with transformers' `generate` (`--shared_prefill_generation false`), run next on the same machine, spent "
+            f"{theirs['d3s/time/generation']:.1f} s of its {theirs['step_time']:.1f} s step generating (its sampled "
+            f"rollouts, hence its run, differ: it ended at {pct(other['after']['accuracy'])}). "
+            f"Source: {_link('first-command', prefix)}.")
+
+
+def generation(root: Path, prefix: str = "") -> str:
+    """The generation benchmark: a default step's generation seconds and the held-out evaluation, both paths."""
+    data = json.loads((root / RESULTS / "generation" / "generation.json").read_text())
+    mean = {name: statistics.mean(r["seconds"] for r in rounds) for name, rounds in data["step"].items()}
+    held = data["heldout"]
+    same = data["heldout_identical_greedy"]
+    return (f"One default step's generation (2 prompts x 16 rollouts), side by side: {mean['shared-prefill']:.1f} s "
+            f"with the shared-prefill path against {mean['generate']:.1f} s with `generate` "
+            f"({mean['shared-prefill'] / mean['generate']:.2f}x); the held-out evaluation of 200 problems "
+            f"{held['shared-prefill, 256 per call']['seconds']:.0f} s against "
+            f"{held['generate, 64 per call']['seconds']:.0f} s, its greedy completions identical in {same['identical']} "
+            f"of {same['of']}. Source: {_link('generation', prefix)}.")
+
+
 FIGURES = {
+    "first-command": first_command,
+    "generation": generation,
     "quick-evidence": quick_evidence,
     "campaign5-default": lambda root, prefix="": campaign_table(root, "campaign5-default", prefix),
     "campaign5-arith2digit": lambda root, prefix="": campaign_table(root, "campaign5-arith2digit", prefix),
