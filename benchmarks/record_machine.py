@@ -9,11 +9,12 @@ known), marked with where it came from: `"source": "lscpu output saved with the 
 
 A run that records its machine already gets only the CPU fields it lacks (`cpu_vendor`, `cpu_family`,
 `cpu_model`, `cpu_stepping`: runs made before `d3s train` recorded them), with `"cpu_id_source"` naming the
-file, when its entry came from this same file, or was recorded by `d3s train` and names the same CPU (model name,
-logical CPUs, flags); an entry from another file or naming another CPU is left as it is, and so is a folder without `run_config.json`. Give only runs the file
-is known to belong to (the results folder's README says they ran on that machine): `d3s compare` pairs
-wall-clocks only between runs whose records name one machine (`d3s.app.machine.same_machine`), and a record
-without family, model and stepping is unknown, paired with nothing.
+file, when its entry came from this same file, or was recorded by `d3s train` and names the same CPU (model
+name, logical CPUs, flags); an entry from another file or naming another CPU is left as it is, and so is a
+folder without `run_config.json`. Give only runs the file is known to belong to (the results folder's README
+says they ran on that machine): `d3s compare` pairs wall-clocks only between runs whose records name one
+machine (`d3s.app.machine.same_machine`), and a record without family, model and stepping is unknown, paired
+with nothing.
 
 Standard library only.
 """
