@@ -26,7 +26,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from d3s.app.compare_summary import _reach, _run_machine, run_dir, same_machine
+from d3s.app.compare_summary import _reach, _run_machine, run_dir
+from d3s.app.machine import same_machine
 from d3s.app.intervals import mean_interval
 from d3s.app.runfolder import read_run_records
 
@@ -188,7 +189,8 @@ def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
         for v in ("d3s", FLOOR):
             shares, diff, unrec = wall_shares(root, folder, v, c["seeds"])
             different, unrecorded = different + diff, unrecorded + unrec
-            spread = (f"{min(shares):.2f}-{max(shares):.2f} ({len(shares)} runs)" if shares else "no same-machine pair")
+            spread = ("no same-machine pair" if not shares else f"{shares[0]:.2f} (1 run)" if len(shares) == 1
+                      else f"{min(shares):.2f}-{max(shares):.2f} ({len(shares)} runs)")
             parts.append(f"{LABELS[v]} on {task}: {spread}")
     shares_of_step = []
     for folder in ("campaign5-default", "campaign5-arith2digit"):

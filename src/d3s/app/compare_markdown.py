@@ -4,7 +4,7 @@ step's time goes, what generation bought, the runs and the machines they were ti
 
 from __future__ import annotations
 
-from d3s.app.runfolder import machine_label
+from d3s.app.machine import machine_label, one_machine, wall_not_compared
 
 
 def _pct(x: float | None) -> str:
@@ -60,18 +60,25 @@ def _accuracy(summary: dict) -> list[str]:
          "paired 95% CI", "steps with no signal"], rows)
 
 
+def _speedup_wall(row: dict) -> str:
+    if row["speedup_wall"] is None and row.get("one_machine_with_reference") is not True:
+        return wall_not_compared(row.get("one_machine_with_reference"))
+    return _times(row["speedup_wall"])
+
+
 def _cost(summary: dict) -> list[str]:
     rows = [[v, f"{row['seeds_reaching_target']}/{len(summary['seeds'])}",
              _minutes(row["wall_s_to_target_mean"]) + _span(row["wall_s_to_target_spread"], _minutes),
              _tokens(row["computed_to_target_mean"]) + _span(row["computed_to_target_spread"], _tokens),
-             _tokens(row["tokens_to_target_mean"]), _times(row["speedup_wall"]), _times(row["speedup_computed"]),
+             _tokens(row["tokens_to_target_mean"]), _speedup_wall(row), _times(row["speedup_computed"]),
              _minutes(row["train_wall_s_mean"]), _tokens(row["computed_tokens_mean"])]
             for v, row in summary["variants"].items()]
     return _section(
         f"Cost to reach {summary['reference']}'s final accuracy ({summary['target_accuracy']:.1%})",
         "At the first held-out evaluation after training began at or above the target; mean (range) over the "
         "seeds that reached it. Wall-clock counts training (generation included), not evaluation. Positions "
-        "computed: what the training forward computes (the cost); tokens in the loss: what it trains on.",
+        "computed: what the training forward computes (the cost); tokens in the loss: what it trains on. Speedup "
+        "(wall) only where every run of the variant and of the reference was timed on one machine.",
         ["variant", "reached", "wall-clock to target", "positions computed to target", "tokens in loss to target",
          "speedup (wall)", "speedup (computed)", "whole run: wall-clock", "whole run: positions computed"], rows)
 
@@ -80,7 +87,7 @@ def _share(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-_TIMED_ON = {True: "one machine", False: "**different machines**", None: "not recorded"}
+_TIMED_ON = {True: "one machine", False: "**different machines**", None: "machine unknown"}
 
 
 def _cost_per_seed(summary: dict) -> list[str]:
@@ -97,15 +104,17 @@ def _cost_per_seed(summary: dict) -> list[str]:
                              "-"])
                 continue
             rows.append([v, str(p["seed"]), str(hit["step"]), _minutes(hit["wall_s"]),
-                         f"{_share(vs['wall_share'])} of {_minutes(ref_runs[p['seed']]['train_wall_s'])}",
+                         f"{_share(vs['wall_share'])} of {_minutes(ref_runs[p['seed']]['train_wall_s'])}"
+                         if vs["same_machine"] else wall_not_compared(vs["same_machine"]),
                          _share(vs["computed_share"]), _TIMED_ON[vs["same_machine"]]])
     if not rows:
         return []
     return _section(
         f"Cost to reach {ref}'s final accuracy, seed by seed",
         f"Each run's training wall-clock and positions computed to the target, as a share of the same seed's whole "
-        f"{ref} run. A wall-clock share compares two timings: it means something only when both runs were timed on "
-        "one machine (as recorded with each run); positions computed do not depend on the machine.",
+        f"{ref} run. A wall-clock share compares two timings: it is given only when both runs were timed on one "
+        "machine (as recorded with each run: CPU vendor, model, family, stepping, flags, logical CPUs); positions "
+        "computed do not depend on the machine.",
         ["variant", "seed", "step reached", "wall-clock to target", f"share of {ref}'s training wall-clock",
          f"share of {ref}'s positions computed", "timed on"], rows)
 
@@ -119,12 +128,15 @@ def _step_time(summary: dict) -> list[str]:
     for v, row in summary["variants"].items():
         d = row["step_seconds_mean"]
         ratio = "-" if not d or not ref_step or d.get("step") is None else f"{d['step'] / ref_step:.2f}"
+        if ratio != "-" and row.get("one_machine_with_reference") is not True:
+            ratio = wall_not_compared(row.get("one_machine_with_reference"))
         rows.append([v, _seconds(d, "step"), *(_seconds(d, p) for p in parts), ratio])
     return _section(
         "Where a training step's time goes",
         "Seconds per step, mean over steps and seeds: TRL's `step_time` (generation included, the optimizer update "
         "not) and, where the runs timed them, its parts (`d3s/time/*`: generation with reward scoring; selection "
-        "with the kept rows' passes; the KL metric; the loss forward; the backward pass and the rest).",
+        "with the kept rows' passes; the KL metric; the loss forward; the backward pass and the rest). The ratio to "
+        f"{ref} only where every run of both was timed on one machine.",
         ["variant", "step", *(p.replace("_", " ") for p in parts), f"step vs {ref}"], rows)
 
 
@@ -174,11 +186,10 @@ def _notes(summary: dict) -> list[str]:
         lines += ["**The runs were made by different code versions**; per run:", ""]
         for v, row in summary["variants"].items():
             lines.append(f"- {v}: " + ", ".join(f"seed {p['seed']} `{p['code_version']}`" for p in row["per_seed"]))
-    machines = {machine_label(p.get("machine")) for row in summary["variants"].values() for p in row["per_seed"]}
-    if len(machines) > 1:
-        lines += ["", "**The runs were not all timed on one machine** (or not all recorded theirs; see the runs' "
-                      "table): wall-clock figures compare timings across machines. Accuracies and positions "
-                      "computed do not depend on it."]
+    if one_machine([p.get("machine") for row in summary["variants"].values() for p in row["per_seed"]]) is not True:
+        lines += ["", "**The runs were not all timed on one machine** (or not all recorded theirs in full; see the "
+                      "runs' table): wall-clock ratios are given only between runs timed on one machine. Accuracies "
+                      "and positions computed do not depend on it."]
     unchecked = [f"{v} seed {p['seed']}" for v, row in summary["variants"].items() for p in row["per_seed"]
                  if not p["recipe_checked"]]
     if unchecked:

@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from d3s.app.intervals import mean_interval, wilson_interval
+from d3s.app.machine import one_machine, same_machine
 from d3s.app.runfolder import (generation_summary, no_signal_share, read_run_records, step_seconds,
                                with_computed_tokens)
 
@@ -134,25 +135,18 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
     }
 
 
-def same_machine(a: dict | None, b: dict | None) -> bool | None:
-    """Whether two recorded machines are one kind of machine (CPU model, cores, accelerator, processes; not the
-    torch version); None when either run did not record it."""
-    if not a or not b:
-        return None
-    keys = ("cpu", "cpu_count", "cpu_flags", "accelerator", "processes")
-    return all(a.get(k) == b.get(k) for k in keys)
-
-
 def _against_reference(run: dict, ref: dict) -> dict | None:
     """A run's cost to the target as a share of the same seed's whole reference run: training wall-clock and
-    positions computed, and whether both were timed on one machine. None when the run never reached it."""
+    positions computed, and whether both were timed on one machine (`d3s.app.machine.same_machine`: the wall-clock
+    share only when they were). None when the run never reached it."""
     hit = run["to_target"]
     if hit is None:
         return None
-    return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] else None,
+    one = same_machine(run["machine"], ref["machine"])
+    return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] and one else None,
             "computed_share": (hit["computed_tokens"] / ref["computed_tokens"]
                                if hit.get("computed_tokens") is not None and ref["computed_tokens"] else None),
-            "same_machine": same_machine(run["machine"], ref["machine"])}
+            "same_machine": one}
 
 
 def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
@@ -164,10 +158,13 @@ def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
     table = {v: _variant_row(items, ref_final, target) for v, items in runs.items()}
     ref = table[reference]
     for row in table.values():
+        # wall-clock ratios only between runs of one machine; positions computed do not depend on it
+        row["one_machine_with_reference"] = one_machine([p["machine"] for p in row["per_seed"] + ref["per_seed"]])
         for kind, key in (("wall", "wall_s_to_target_mean"), ("tokens", "tokens_to_target_mean"),
                           ("computed", "computed_to_target_mean")):
             mine, theirs = row[key], ref[key]
-            row[f"speedup_{kind}"] = theirs / mine if mine and theirs else None
+            comparable = kind != "wall" or row["one_machine_with_reference"]
+            row[f"speedup_{kind}"] = theirs / mine if mine and theirs and comparable else None
     ref_runs = {p["seed"]: p for p in ref["per_seed"]}
     for v, row in table.items():
         if v != reference:

@@ -440,56 +440,6 @@ def code_version() -> str:
     return f"{version}+g{commit.stdout.strip()}" + (".dirty" if dirty.stdout.strip() else "")
 
 
-# CPU features that decide how fast a CPU trains (bf16 and wide vectors); the rest of the flags are not recorded
-_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
-
-
-def _cpu_model_and_flags() -> tuple[str | None, list[str]]:
-    """The CPU's model name and which of `_CPU_FLAGS` it has, from /proc/cpuinfo (Linux); elsewhere the
-    platform's processor name and no flags."""
-    import platform
-
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return platform.processor() or None, []
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())  # the first processor's
-    flags = set(fields.get("flags", "").split())
-    return fields.get("model name") or platform.processor() or None, [f for f in _CPU_FLAGS if f in flags]
-
-
-def machine_description(accelerator: str | None = None) -> dict[str, Any]:
-    """What a run was timed on, recorded with it (`run_config.json`'s `machine`): the CPU's model, its logical
-    cores and speed-relevant flags, the accelerator that trained (`accelerator`: its name, None on a CPU), the
-    number of processes, the torch version. Wall-clock figures compare only between runs of one machine;
-    `d3s compare` says when they do not."""
-    import torch
-
-    cpu, flags = _cpu_model_and_flags()
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "cpu_flags": flags, "accelerator": accelerator,
-            "processes": int(os.environ.get("WORLD_SIZE", "1")), "torch": torch.__version__.split("+")[0]}
-
-
-def machine_label(machine: dict | None) -> str:
-    """A short name for a recorded machine (`machine_description`), e.g. "Intel(R) Xeon(R) Processor, 2 CPUs,
-    AVX-512 bf16"; "not recorded" for runs made before machines were recorded."""
-    if not machine:
-        return "not recorded"
-    if machine.get("accelerator"):
-        label = machine["accelerator"]
-    else:
-        flags = set(machine.get("cpu_flags") or [])
-        isa = ("AVX-512 bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags
-               else "AVX2" if "avx2" in flags else None)
-        label = ", ".join(x for x in (machine.get("cpu") or "unknown CPU", f"{machine.get('cpu_count')} CPUs", isa)
-                          if x)
-    processes = machine.get("processes") or 1
-    return label + (f", {processes} processes" if processes > 1 else "")
-
-
 # ---------------------------------------------------------------------------------------------
 # Records
 # ---------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import torch
 
 from d3s.app.errors import RecipeError
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
+from d3s.app.machine import machine_description
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
 from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_defaults, train_device
@@ -62,7 +63,6 @@ from d3s.app.runfolder import (
     complete_checkpoints,
     eval_result,
     generation_summary,
-    machine_description,
     no_signal_share,
     read_run_records,
     read_summary,

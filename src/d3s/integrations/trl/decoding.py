@@ -174,6 +174,8 @@ def generate(model, prompt_ids: list[list[int]], sampling: Sampling, *, entropy_
         max_rows: at most this many rows decode at once (whole groups of distinct prompts go together);
             None: all rows at once.
     """
+    if not prompt_ids:
+        return Generation([], [] if entropy_temperature is not None else None, {"prefill": 0, "decode": 0})
     if max_rows is None or max_rows >= len(prompt_ids):
         return _generate_chunk(model, prompt_ids, sampling, entropy_temperature)
     distinct, owner = distinct_rows(prompt_ids)
