@@ -85,8 +85,9 @@ def main() -> None:
         print(f"round {r + 1}/{a.rounds}", flush=True)
     result = {"command": " ".join(["python", "benchmarks/generation_distribution.py", *sys.argv[1:]]),
               "samples_per_path": len(samples["generate"]), "seconds": seconds, "tests": {}, "means": {}}
+    answers = answers * a.rounds  # the same 256 rows every round
     rewards = {n: [score_arith(t, ans) for t, ans in zip(tokenizer.batch_decode(c, skip_special_tokens=True),
-                                                          answers)] for n, c in samples.items()}
+                                                          answers, strict=True)] for n, c in samples.items()}
     for name, key in (("first token", lambda c, i: c[0]), ("length", lambda c, i: len(c)),
                       ("reward", None)):
         if key is None:
@@ -94,7 +95,7 @@ def main() -> None:
         else:
             counts = [Counter(key(c, i) for i, c in enumerate(samples[n])) for n in samples]
         p, dof = chi_square_p(*counts)
-        result["tests"][name] = {"p": p, "dof": dof}
+        result["tests"][name] = {"p": p, "dof": dof, "counts": [{str(k): v for k, v in sorted(c.items())} for c in counts]}
     p, dof = chi_square_p(*(Counter(t for c in samples[n] for t in c) for n in samples))
     result["tests"]["token frequencies"] = {"p": p, "dof": dof}
     for n in samples:

@@ -178,6 +178,8 @@ def test_paper_recipe_runs_under_its_launcher_and_resumes_exactly(recipe, genera
     settings = config["trainer"]
     values = load_recipe(recipe)
     assert settings["use_vllm"] is (generation == "vllm")
+    # d3s train's default: the shared-prefill path wherever transformers generates (here under ZeRO-3, 2 processes)
+    assert settings["shared_prefill_generation"] is (generation != "vllm")
     keys = ["num_generations", "loss_type", "gradient_checkpointing", "per_device_train_batch_size",
             "gradient_accumulation_steps", "steps_per_generation", "variant", "beta", "learning_rate"]
     if generation == "vllm":
