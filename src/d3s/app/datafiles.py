@@ -9,7 +9,8 @@ dropped) and anything else is one `NotUtf8` error naming the file, the line and 
 `d3s train --task math --dataset FILE` and the local benchmark copies of `d3s eval`. The evaluation
 cache is read with `json_lines`. Errors say where (`NotUtf8`: the file, line and byte; `BadJsonLine`: the
 line; `DataFileError`: what is wrong with the file); a caller raises its own error type with `NotUtf8`'s
-message as it is, and names its file in the others.
+message as it is, and names its file in the others. `yaml_loader` is the safe YAML loader of recipes; it refuses
+a key set twice (`DuplicateKey`).
 """
 
 from __future__ import annotations
@@ -217,3 +218,37 @@ def _stderr_held() -> Iterator[_Held]:
             os.close(saved)
             sink.seek(0)
             held.text = sink.read().decode("utf-8", errors="replace")
+
+
+class DuplicateKey(ValueError):
+    """A YAML mapping that sets `key` twice: on line `first` and again on line `line` (1-based)."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        self.key, self.line, self.first = key, line, first
+        super().__init__(f"line {line}: {key!r} is set twice (first on line {first}); keep one")
+
+
+def yaml_loader():
+    """PyYAML's safe loader (plain data only: no tag constructs an object) that refuses a mapping setting a key
+    twice, which plain YAML loading resolves silently by keeping the last value."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: overriding it is the point
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        hash(key)
+                    except TypeError:  # an unhashable key: the safe loader refuses it itself
+                        continue
+                    if key in seen:
+                        raise DuplicateKey(key, line, seen[key])
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader

@@ -138,10 +138,30 @@ def dataclass_parser(classes: Sequence[type], *, prog: str, description: str) ->
     return parser
 
 
+def refuse_repeated(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """A `UsageError` when two options of `argv` set one field (`--n 2 --n 4`, `--no_plots --plots`), which argparse
+    would resolve silently by keeping the last."""
+    dests = {s: a.dest for a in parser._actions for s in a.option_strings if s.startswith("--")}
+    seen: dict[str, str] = {}
+    for arg in argv:
+        if arg == "--":
+            break
+        option = arg.split("=", 1)[0]
+        dest = dests.get(option)
+        if dest is None:
+            continue
+        if dest in seen:
+            if option == seen[dest]:
+                raise UsageError(f"{option} is given twice on the command line; give it once")
+            raise UsageError(f"{seen[dest]} and {option} both set {dest} on the command line; give one")
+        seen[dest] = option
+
+
 def parse_dataclasses(parser: argparse.ArgumentParser, classes: Sequence[type], argv: Sequence[str], *,
                       known_only: bool = False) -> tuple[tuple[Any, ...], list[str]]:
     """`(one instance per class, the arguments left over)` from `argv`; with `known_only`, arguments that are
     not options of `parser` are left over (for another parser), else they are an error."""
+    refuse_repeated(parser, argv)
     if known_only:
         namespace, rest = parser.parse_known_args(list(argv))
     else:

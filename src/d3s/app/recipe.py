@@ -26,8 +26,9 @@ from typing import Any, Sequence
 
 import torch
 
-from d3s.app.datafiles import NotUtf8, read_text
+from d3s.app.datafiles import DuplicateKey, NotUtf8, read_text, yaml_loader
 from d3s.app.errors import RecipeError, SettingsError
+from d3s.app.options import refuse_repeated
 from d3s.app.tasks import ArithmeticTaskConfig, MathTaskConfig, TaskConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -150,40 +151,6 @@ def recipe_path(name_or_path: str) -> Path:
     raise RecipeError(f"recipe {name_or_path!r} is neither a file nor a shipped recipe ({names})")
 
 
-class DuplicateKey(ValueError):
-    """A YAML mapping that sets `key` twice: on line `first` and again on line `line` (1-based)."""
-
-    def __init__(self, key: Any, line: int, first: int) -> None:
-        self.key, self.line, self.first = key, line, first
-        super().__init__(f"line {line}: {key!r} is set twice (first on line {first}); keep one")
-
-
-def _yaml_loader():
-    """PyYAML's safe loader (plain data only: no tag constructs an object) that refuses a mapping setting a key
-    twice, which plain YAML loading resolves silently by keeping the last value."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            if isinstance(node, yaml.MappingNode):
-                seen: dict[Any, int] = {}
-                for key_node, _ in node.value:
-                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: overriding it is the point
-                        continue
-                    key = self.construct_object(key_node, deep=True)
-                    line = key_node.start_mark.line + 1
-                    try:
-                        hash(key)
-                    except TypeError:  # an unhashable key: the safe loader refuses it itself
-                        continue
-                    if key in seen:
-                        raise DuplicateKey(key, line, seen[key])
-                    seen[key] = line
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader
-
-
 def load_recipe(name_or_path: str) -> dict[str, Any]:
     """The mapping of a recipe file, read with `d3s.app.datafiles.read_text` (UTF-8) and a safe YAML loader
     that refuses a field set twice; every problem is a `RecipeError` naming the file and the line."""
@@ -191,7 +158,7 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
 
     path = recipe_path(name_or_path)
     try:
-        data = yaml.load(read_text(path), Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(read_text(path), Loader=yaml_loader())  # noqa: S506 - a SafeLoader subclass
     except NotUtf8 as err:
         raise RecipeError(str(err)) from None
     except DuplicateKey as err:
@@ -201,7 +168,8 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise RecipeError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
     if data is None:
-        return {}
+        raise RecipeError(f"{path}: the recipe is empty; a recipe is a YAML mapping of field: value (without "
+                          "--config, d3s train uses the default recipe)")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping of field: value, got {type(data).__name__}")
     bad = [k for k in data if not isinstance(k, str)]
@@ -455,6 +423,7 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
 
     parser.error = error
     flags = _command_line_fields(argv, parser)
+    refuse_repeated(parser, argv)
     actions: dict[str, Any] = {}
     for action in parser._actions:  # a switch's `--flag`, not its `--no_flag` (which converts nothing)
         if action.option_strings:
@@ -472,6 +441,9 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
     if extra:
         raise RecipeError(f"unexpected arguments {' '.join(extra)!r} on the command line (fields are --name value)")
     values = vars(namespace)
+    if values.get("output_dir") is not None and not str(values["output_dir"]).strip():
+        raise RecipeError(f"output_dir={values['output_dir']!r} is empty; give a folder path (a new or empty "
+                          "folder, or a d3s run's folder)")
 
     def origin(name: str) -> str:
         return "the command line" if name in flags else f"recipe {where}" if name in recipe else "the default"

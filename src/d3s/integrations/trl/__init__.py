@@ -1,4 +1,4 @@
-"""TRL glue: `D3SConfig` and `D3SGRPOTrainer`, drop-ins for TRL's `GRPOConfig` and `GRPOTrainer`.
+"""TRL glue: `D3SGRPOConfig` (also `D3SConfig`) and `D3SGRPOTrainer`, drop-ins for TRL's `GRPOConfig` and `GRPOTrainer`.
 
 Thin on purpose: the maths (selection, token mask, schedule, loss) is the core's and this package
 moves TRL's tensors in and out of it. See docs/method.md for the method and docs/trl.md for use.
@@ -15,12 +15,13 @@ One file per concern, as TRL ships its own methods:
 """
 
 from d3s.integrations.trl.compat import PRIVATE_TRL_API, TRL_VERSION_RANGE, trl_signature_mismatches
-from d3s.integrations.trl.config import D3SConfig
+from d3s.integrations.trl.config import D3SConfig, D3SGRPOConfig
 from d3s.integrations.trl.step_metrics import STEP_TIME_PARTS
 from d3s.integrations.trl.trainer import D3SGRPOTrainer
 
 __all__ = [
     "D3SConfig",
+    "D3SGRPOConfig",
     "D3SGRPOTrainer",
     "PRIVATE_TRL_API",
     "STEP_TIME_PARTS",

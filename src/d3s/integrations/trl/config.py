@@ -7,7 +7,9 @@ with a message naming the value and what would be valid.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 
 from d3s.integrations.trl.compat import GRPOConfig
@@ -22,6 +24,17 @@ SUPPORTED_LOSS_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
 
 def _h(text: str) -> dict:
     return {"help": text}
+
+
+def _check_bool_fields(config) -> None:
+    """Refuse a value that is not True, False (or None) in every field annotated `bool` or `bool | None`, TRL's
+    included: a string such as `"false"` is truthy and would silently turn the option on."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        if f.init and hints.get(f.name) in (bool, bool | None, typing.Optional[bool]):
+            value = getattr(config, f.name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{f.name}={value!r} must be a boolean: True or False")
 
 
 @dataclass
@@ -162,6 +175,7 @@ class D3SConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        _check_bool_fields(self)  # before TRL's own checks read them: `"false"` would count as true
         super().__post_init__()
         self._resolve_d3s()
         self._check_trl_options()
@@ -355,3 +369,7 @@ class D3SConfig(GRPOConfig):
             keep_last_in_loss=self.keep_last_in_loss,
             schedule_clock=self.schedule_clock,
         )
+
+
+D3SGRPOConfig = D3SConfig
+"""The config's name beside `D3SGRPOTrainer`, as TRL pairs `GRPOConfig` with `GRPOTrainer`."""
