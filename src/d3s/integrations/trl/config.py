@@ -34,7 +34,7 @@ def _check_bool_fields(config) -> None:
         if f.init and hints.get(f.name) in (bool, bool | None, typing.Optional[bool]):
             value = getattr(config, f.name)
             if value is not None and not isinstance(value, bool):
-                raise ValueError(f"{f.name}={value!r} must be a boolean: True or False")
+                raise ValueError(f"{f.name}={value!r} must be True or False")
 
 
 @dataclass
@@ -183,8 +183,6 @@ class D3SConfig(GRPOConfig):
         self._check_generation_options()
 
     def _check_generation_options(self) -> None:
-        if not isinstance(self.shared_prefill_generation, bool):
-            raise ValueError(f"shared_prefill_generation={self.shared_prefill_generation!r} must be True or False")
         if not self.shared_prefill_generation:
             return
         for name in ("use_vllm", "use_transformers_continuous_batching"):

@@ -13,16 +13,16 @@ whole data flow):
    computes the same kept set; the kept rows are dealt out again evenly (`d3s.batch.deal_rows`, `rows`).
 4. The no-grad passes for the kept rows only (`passes`).
 5. The token mask (section 3): ONE threshold over the kept rows of all ranks.
-6. The training forward stops at the last column holding a kept token and runs the LM head (with
-   gradient) only at the kept tokens (`selective_head`); a micro-batch whose gradient is exactly zero
-   runs a 1-token forward instead (`d3s/skipped_forwards`).
-7. The loss (`d3s.policy_loss`) divides by global counts over the generation batch
-   (`d3s.batch.loss_denominator`), so the update does not depend on how TRL splits the rows.
+6. The training forward stops at the last column holding a kept token and runs the LM head (with gradient)
+   only at the kept tokens (`selective_head`); a micro-batch whose gradient is exactly zero runs a 1-token
+   forward instead (`d3s/skipped_forwards`).
+7. The loss (`d3s.policy_loss`) divides by global counts over the generation batch (`loss_denominator`),
+   so the update does not depend on how TRL splits the rows.
 
-Given the same kept rows and token mask, steps 4-6 change the cost, never the update (tested).
-Metrics and step timing: `step_metrics`; the KL metric at beta = 0: `kl_monitor`; the TRL methods
-overridden, called or read: `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`) scores TRL's full
-eval batch with TRL's objective.
+Given the same kept rows and token mask, steps 4-6 change the cost, never the update (tested). Metrics and
+step timing: `step_metrics`; the KL metric at beta = 0: `kl_monitor`; reward functions' outputs checked:
+`rewards`; the TRL methods overridden, called or read: `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`)
+scores TRL's full eval batch with TRL's objective.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from d3s.integrations.trl.compat import GRPOTrainer, is_peft_model
 from d3s.integrations.trl.config import D3SConfig
 from d3s.integrations.trl.generation import DeferredPasses, GenerationEntropy, shared_prefill_turn
 from d3s.integrations.trl.kl_monitor import KLMonitor
+from d3s.integrations.trl.rewards import checked_reward_funcs
 from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, loss_mask, take_rows
 from d3s.integrations.trl.selective_head import add_selective_lm_head, selective_forward
 from d3s.loss import policy_loss
@@ -64,7 +65,7 @@ class D3SGRPOTrainer(GRPOTrainer):
             args = D3SConfig(f"{name.split('/')[-1]}-D3S")
         if not isinstance(args, D3SConfig):
             raise TypeError(f"D3SGRPOTrainer needs a D3SConfig (a GRPOConfig subclass), got {type(args).__name__}")
-        super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        super().__init__(model, checked_reward_funcs(reward_funcs), args, *rest, **kwargs)
         if getattr(self, "_is_vlm", False):
             raise NotImplementedError(
                 "D3SGRPOTrainer does not support vision-language models yet: the images (pixel_values, ...) "
@@ -98,27 +99,18 @@ class D3SGRPOTrainer(GRPOTrainer):
 
     def d3s_generation_index(self) -> int:
         """Index (from 0) of the current generation batch (`d3s.schedule.generation_index`)."""
-        return generation_index(
-            self.state.global_step,
-            self._step,
-            self.args.gradient_accumulation_steps,
-            self.args.steps_per_generation * self.num_iterations,
-        )
+        return generation_index(self.state.global_step, self._step, self.args.gradient_accumulation_steps,
+                                self.args.steps_per_generation * self.num_iterations)
 
     def d3s_progress(self) -> float:
         """Training progress p of the current generation batch: 0 for the first, 1 for the last.
-
-        `d3s.schedule.generation_progress` of the trainer's counters, so a resumed run continues the
-        schedule exactly.
-        """
+        `d3s.schedule.generation_progress` of the trainer's counters: a resumed run continues the schedule exactly."""
         every = self.args.steps_per_generation * self.num_iterations
         if self.args.schedule_clock == "learning_rate":
-            return learning_rate_progress(
-                self.d3s_generation_index(), self._d3s_learning_rates(), self.args.gradient_accumulation_steps, every
-            )
-        return generation_progress(
-            self.d3s_generation_index(), self.state.max_steps, self.args.gradient_accumulation_steps, every
-        )
+            return learning_rate_progress(self.d3s_generation_index(), self._d3s_learning_rates(),
+                                          self.args.gradient_accumulation_steps, every)
+        return generation_progress(self.d3s_generation_index(), self.state.max_steps,
+                                   self.args.gradient_accumulation_steps, every)
 
     def _d3s_learning_rates(self) -> list[float]:
         """The learning rate of every optimizer step of the run, from a replay of the run's scheduler."""
