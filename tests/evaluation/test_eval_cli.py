@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from d3s.app.cli import main
+from d3s.app.errors import UsageError
 from d3s.app.evaluation.generation import TransformersSampler
 from d3s.app.evaluation.runner import EvalConfig, run_eval
 from d3s.metrics import pass_at_k
@@ -289,8 +290,10 @@ def test_settings_from_the_command_line(tmp_path):
     assert (config.prompt_template, config.system_prompt) == ("Q: {question}", "Be brief.")
     assert (config.require_boxed, config.verify_timeout, config.score_workers) == (True, 2, 1)
     assert config.ks == (1, 2) and not command.progress
-    config, _ = parse(["--top_k=4", "--top_k", "5"], tmp_path)  # `--name=value` too; the last one wins
-    assert config.top_k == 5
+    config, _ = parse(["--top_k=4"], tmp_path)  # `--name=value` too
+    assert config.top_k == 4
+    with pytest.raises(UsageError, match="--top_k is given twice on the command line; give it once"):
+        parse(["--top_k=4", "--top_k", "5"], tmp_path)  # refused, as a recipe's field set twice is
 
 
 def test_switches_bare_or_with_a_value(tmp_path):
