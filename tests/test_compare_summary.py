@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from d3s.app.compare_markdown import render_markdown
-from d3s.app.compare_summary import summarize
+from d3s.app.compare.markdown import render_markdown
+from d3s.app.compare.summary import summarize
 from d3s.app.intervals import mean_interval, t_quantile_975
 from d3s.app.runfolder import no_signal_share
 
@@ -112,7 +112,7 @@ def test_generation_columns_and_run_settings(tmp_path):
 
 
 def test_a_run_setting_is_a_variant_with_switches_on():
-    from d3s.app.compare import run_setting
+    from d3s.app.compare.command import run_setting
     from d3s.app.errors import RecipeError
 
     assert run_setting("d3s") == ["--variant", "d3s"]

@@ -17,8 +17,8 @@ split over days or machines: point `--output_dir` at a folder of committed runs 
 finishes it. A finished run is reused only if its recorded recipe trains what this command would
 (`run_config.json`; else an error names the differences); the code version of every run is shown.
 
-Outputs in DIR: `compare.json` (the numbers: `d3s.app.compare_summary`), `compare.md` (its tables:
-`d3s.app.compare_markdown`), `compare.png` (overlaid curves: `d3s.app.plots`), for this command's variants
+Outputs in DIR: `compare.json` (the numbers: `d3s.app.compare.summary`), `compare.md` (its tables:
+`d3s.app.compare.markdown`), `compare.png` (overlaid curves: `d3s.app.plots`), for this command's variants
 and seeds; `compare.md` names the folder's other finished runs, which a command naming them all tables
 together. This module runs the comparison.
 """
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from d3s.app.compare_markdown import render_markdown
-from d3s.app.compare_summary import run_dir, summarize
+from d3s.app.compare.markdown import render_markdown
+from d3s.app.compare.summary import run_dir, summarize
 from d3s.app.errors import RecipeError
 from d3s.app.options import parse_command
 from d3s.app.plots import plot_compare

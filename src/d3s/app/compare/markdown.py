@@ -1,4 +1,4 @@
-"""`compare.md`: the summary of `d3s compare` (`d3s.app.compare_summary`) as markdown tables, one section
+"""`compare.md`: the summary of `d3s compare` (`d3s.app.compare.summary`) as markdown tables, one section
 per question: final accuracy, cost to reach the reference's accuracy (over seeds, then seed by seed), where a
 step's time goes, what generation bought, the runs and the machines they were timed on."""
 

@@ -1,0 +1,10 @@
+"""`d3s compare`: several variants x seeds on one task, side by side.
+
+- `command`  the command: its options, the runs it trains, reuses or resumes, and the files it writes;
+- `summary`  the numbers of a comparison (`compare.json`);
+- `markdown` those numbers as the tables of `compare.md`.
+"""
+
+from d3s.app.compare.command import cmd_compare
+
+__all__ = ["cmd_compare"]
