@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
+from d3s.app.budget import Budget, check_budget, parse_shares
 from d3s.app.datafiles import DuplicateKey, NotUtf8, read_text, yaml_loader
 from d3s.app.errors import RecipeError, SettingsError
 from d3s.app.options import refuse_repeated
@@ -77,6 +78,13 @@ class RunArgs:
         default=0,
         metadata={"help": "Evaluate held-out accuracy every this many steps (0: only before and after training)."},
     )
+    compute_budget: float = field(default=0.0, metadata={
+        "help": "Train until this many estimated model FLOPs are spent (docs/compare.md), whatever the steps: "
+                "max_steps is then only a cap, and the learning rate and D3S's N/K schedule follow the share of "
+                "the budget spent. 0: off, max_steps decides. `d3s compare --budget reference` sets it."})
+    budget_eval_shares: str = field(default="", metadata={
+        "help": "With compute_budget: also evaluate when these comma-separated shares of it are spent, e.g. "
+                "0.2,0.4,0.6,0.8 (in place of eval_every)."})
     eval_batch_size: int = field(default=64, metadata={"help": "Prompts per greedy generate call in evaluation."})
     eval_max_new_tokens: int = field(
         default=0, metadata={"help": "New tokens per held-out answer (0: the trainer's max_completion_length)."}
@@ -111,6 +119,12 @@ class RunArgs:
             raise RecipeError(f"task_train_size={self.task_train_size} must be >= 0 (0: as many as the run uses)")
         if self.eval_every < 0 or self.eval_max_new_tokens < 0:
             raise RecipeError(f"eval_every={self.eval_every}, eval_max_new_tokens={self.eval_max_new_tokens} must be >= 0")
+        if self.compute_budget < 0 or self.compute_budget != self.compute_budget:
+            raise RecipeError(f"compute_budget={self.compute_budget} must be >= 0 (estimated model FLOPs; 0: off)")
+        if self.budget_eval_shares and not self.compute_budget:
+            raise RecipeError(f"budget_eval_shares={self.budget_eval_shares!r} needs compute_budget > 0")
+        if self.compute_budget:
+            Budget(self.compute_budget, parse_shares(self.budget_eval_shares))  # one line if the shares are bad
         if self.task == "arith":
             try:
                 self.task_config()
@@ -471,6 +485,7 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
         raise RecipeError(str(err).strip().splitlines()[0]) from None
     _check_numbers(values, origin)
     _apply_mixed_precision(config, precision)
+    check_budget(run_args, config)
     return run_args, config, {"name": recipe_name, "path": where, "values": recipe}
 
 

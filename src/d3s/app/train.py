@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from d3s.app.budget import budget_spent, budget_summary, count_compute, run_budget
 from d3s.app.errors import RecipeError
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.machine import machine_description
@@ -112,11 +113,12 @@ def _say(message: str) -> None:
     print(f"d3s train: {message}", file=sys.stderr, flush=True)
 
 
-def _make_callback(run_log: RunLog, evaluate, eval_every: int):
-    """The run's `RunCallback` (records, progress bar, held-out evaluation every `eval_every` steps)."""
+def _make_callback(run_log: RunLog, evaluate, run: RunArgs):
+    """The run's `RunCallback` (records, progress bar, held-out evaluation every `eval_every` steps or at the
+    shares of its compute budget)."""
     from d3s.app.run_trainer import RunCallback  # imports TRL: only when a run starts
 
-    return RunCallback(run_log, evaluate, eval_every)
+    return RunCallback(run_log, evaluate, run.eval_every, budget=run_budget(run))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,8 +358,9 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
             return heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size,
                                     shared_prefill=config.shared_prefill_generation)
 
-    callback = _make_callback(run_log, evaluate, run.eval_every)
+    callback = _make_callback(run_log, evaluate, run)
     trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)
+    count_compute(trainer, callback, model, run_log)
     steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
     _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
          f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
@@ -468,14 +471,15 @@ def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, r
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cached, json.dumps(before))
     run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
-                 "computed_tokens": 0.0, **{k: v for k, v in before.items() if k != "examples"}})
+                 "computed_tokens": 0.0, "flops": 0.0, **{k: v for k, v in before.items() if k != "examples"}})
     return before
 
 
 def _train(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, config, checkpoint: Path | None,
            resume_step: int | None, unloadable: dict[str, str]) -> None:
     """Train to the end, from `checkpoint` if any; a stop keeps the last finished step and raises `RunStopped`."""
-    if resume_step is not None and 0 < config.max_steps <= resume_step:
+    if resume_step is not None and (0 < config.max_steps <= resume_step or callback.budget is not None and budget_spent(
+            callback.budget, [r["flops"] for r in run_log.records if r["type"] == "train"])):
         # Every step was trained and saved; the run stopped before its final evaluation (or lost its summary).
         trainer._load_from_checkpoint(str(checkpoint))
         trainer.state.global_step = resume_step
@@ -525,6 +529,8 @@ def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | No
         "trained_tokens": last_train.get("trained_tokens"),
         "generated_tokens": last_train.get("generated_tokens"),
         "computed_tokens": last_train.get("computed_tokens"),
+        "flops": last_train.get("flops"),
+        "budget": budget_summary(run_budget(run), [r["flops"] for r in run_log.records if r["type"] == "train"]),
         "no_signal_steps": no_signal_share(run_log.records),
         "generation": {k: v for k, v in (generation or {}).items() if k != "generation_s_per_signal_group"} or None,
         "generation_s_per_signal_group": (generation or {}).get("generation_s_per_signal_group"),
