@@ -11,7 +11,7 @@ import pytest
 
 from d3s.app.compare.markdown import render_markdown
 from d3s.app.compare.summary import summarize
-from d3s.app.intervals import mean_interval, t_quantile_975
+from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.runfolder import no_signal_share
 
 
@@ -33,12 +33,27 @@ def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1
 
 
 def test_t_interval_against_the_closed_form():
-    assert t_quantile_975(1) == 12.706 and t_quantile_975(2) == 4.303
-    values = [0.5, 0.6, 0.7]
-    low, high = mean_interval(values)
-    half = 4.303 * statistics.stdev(values) / math.sqrt(3)
-    assert (low, high) == pytest.approx((0.6 - half, 0.6 + half))
+    # Student t quantiles in closed form: tan(pi (p - 1/2)) with 1 degree of freedom, (2p - 1) / sqrt(2p(1 - p)) with 2
+    p = 0.975
+    for values, t975 in (([0.5, 0.7], math.tan(math.pi * (p - 0.5))),
+                         ([0.5, 0.6, 0.7], (2 * p - 1) / math.sqrt(2 * p * (1 - p)))):
+        low, high = mean_interval(values)
+        m, half = statistics.mean(values), t975 * statistics.stdev(values) / math.sqrt(len(values))
+        assert (low, high) == pytest.approx((m - half, m + half), rel=1e-9)
     assert mean_interval([0.5]) is None
+    low, high = mean_interval([0.65 - 0.6, 0.7 - 0.65, 0.05])  # equal but for float noise: no width, no warning
+    assert low == high == pytest.approx(0.05)
+
+
+def test_wilson_interval_against_the_score_formula():
+    z = 1.959963984540054  # the standard normal 97.5% quantile
+    for correct, n in ((0, 200), (1, 10), (130, 200), (200, 200), (7, 7)):
+        p = correct / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        expected = (max(0.0, centre - half), min(1.0, centre + half))
+        assert wilson_interval(correct, n) == pytest.approx(expected, abs=1e-12)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
 def test_no_signal_share_counts_steps_where_every_group_is_flat():
