@@ -52,7 +52,8 @@ from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.machine import machine_description
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
-from d3s.app.recipe import RunArgs, make_parser, parse_train_args, set_offline_defaults, train_device
+from d3s.app.recipe import make_parser, parse_train_args, set_offline_defaults, train_device
+from d3s.app.run_args import RunArgs
 from d3s.app.runfolder import (
     STAGING_NAME,
     RunFolderError,

@@ -24,6 +24,7 @@ from typing import Sequence
 from d3s.app.compare.stats import (area_under_curve, minimum_detectable_difference, paired_interval,
                                    probability_of_improvement, reached_and_held)
 from d3s.app.errors import RecipeError
+from d3s.app.runfolder import read_run_records
 
 STEP_CAP = 8
 """A budgeted run's cap on steps, in multiples of the reference run's steps."""
@@ -84,8 +85,6 @@ def budget_argv(reference_run: Path) -> list[str]:
 
 
 def _records(folder: Path) -> list[dict]:
-    from d3s.app.runfolder import read_run_records
-
     return read_run_records(folder / "metrics.jsonl")
 
 
