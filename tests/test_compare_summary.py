@@ -173,7 +173,8 @@ def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_
                 (tmp_path / f"{name}-seed{seed}" / "run_config.json").write_text(json.dumps({"machine": m}))
     summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2, 3, 4, 5])
     per_seed = {p["seed"]: p for p in summary["variants"]["d3s"]["per_seed"]}
-    assert per_seed[1]["to_target_vs_reference"] == {"wall_share": 0.5, "computed_share": 0.5, "same_machine": True}
+    assert per_seed[1]["to_target_vs_reference"] == {"wall_share": 0.5, "computed_share": 0.5, "flops_share": None,
+                                                       "same_machine": True}  # no FLOPs recorded
     # wall-clock shares only on one machine; positions computed always
     assert per_seed[2]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 1.0, "same_machine": False}
     assert per_seed[3]["to_target_vs_reference"] is None
