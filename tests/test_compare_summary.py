@@ -176,10 +176,11 @@ def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_
     assert per_seed[1]["to_target_vs_reference"] == {"wall_share": 0.5, "computed_share": 0.5, "flops_share": None,
                                                        "same_machine": True}  # no FLOPs recorded
     # wall-clock shares only on one machine; positions computed always
-    assert per_seed[2]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 1.0, "same_machine": False}
+    assert per_seed[2]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 1.0, "flops_share": None,
+                                                       "same_machine": False}
     assert per_seed[3]["to_target_vs_reference"] is None
     for seed in (4, 5):
-        assert per_seed[seed]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 0.5,
+        assert per_seed[seed]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 0.5, "flops_share": None,
                                                            "same_machine": None}
     d3s = summary["variants"]["d3s"]
     assert d3s["one_machine_with_reference"] is False and d3s["speedup_wall"] is None
