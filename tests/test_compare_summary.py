@@ -188,12 +188,12 @@ def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_
     assert "to_target_vs_reference" not in summary["variants"]["grpo"]["per_seed"][0]
     md = render_markdown(summary, "d3s compare ...")
     assert "## Cost to reach grpo's final accuracy, seed by seed" in md
-    assert "| d3s | 1 | 2 | 2.0 min | 0.50 of 4.0 min | 0.50 | one machine |" in md
-    assert ("| d3s | 2 | 4 | 4.0 min | not compared: different machines | 1.00 | **different machines** |"
+    assert "| d3s | 1 | 2 | 2.0 min | 0.50 of 4.0 min | 0.50 | - | one machine |" in md
+    assert ("| d3s | 2 | 4 | 4.0 min | not compared: different machines | 1.00 | - | **different machines** |"
             in md)
     assert "| d3s | 3 | not reached (55.0% at the end) |" in md
     for seed in (4, 5):
-        assert f"| d3s | {seed} | 2 | 2.0 min | not compared: machine unknown | 0.50 | machine unknown |" in md
+        assert f"| d3s | {seed} | 2 | 2.0 min | not compared: machine unknown | 0.50 | - | machine unknown |" in md
     assert "| not compared: different machines |" in md  # the cost table's speedup (wall)
     # the runs' table names each machine, and the notes say that the timings mix machines
     assert "| d3s seed 2 | 65.0% | 4.0 min |" in md and "AMD EPYC (25/1/1), 2 CPUs, AVX2 |" in md
