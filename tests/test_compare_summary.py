@@ -77,6 +77,9 @@ def test_summary_tables(tmp_path):
     diffs = [0.05, 0.0, 0.10]  # paired by seed
     assert d3s["diff_to_reference_mean"] == pytest.approx(statistics.mean(diffs))
     assert d3s["diff_to_reference_ci95"] == pytest.approx(list(mean_interval(diffs)))
+    # MDD: (t_{0.975, 2} + t_{0.8, 2}) sd / sqrt(3), the t quantiles in closed form for 2 degrees of freedom
+    t2 = [(2 * p - 1) / math.sqrt(2 * p * (1 - p)) for p in (0.975, 0.8)]
+    assert d3s["diff_to_reference_mdd"] == pytest.approx(sum(t2) * statistics.stdev(diffs) / math.sqrt(3))
     # d3s reaches 60% at its step-2 evaluation in every seed: 120 s, 2 steps x 100 positions
     assert d3s["seeds_reaching_target"] == 3
     assert d3s["wall_s_to_target_mean"] == 120.0 and d3s["computed_to_target_mean"] == 200.0

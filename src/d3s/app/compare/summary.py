@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from d3s.app.compare.budget import budget_summary
+from d3s.app.compare.stats import minimum_detectable_difference
 from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.machine import one_machine, same_machine
 from d3s.app.runfolder import (generation_summary, no_signal_share, read_run_records, step_seconds,
@@ -119,6 +120,8 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
         "pooled_ci95": [lo, hi],
         "diff_to_reference_mean": statistics.mean(diffs),
         "diff_to_reference_ci95": mean_interval(diffs),
+        "diff_to_reference_mdd": (minimum_detectable_difference(statistics.stdev(diffs), len(diffs))
+                                  if len(diffs) > 1 else None),
         "base_accuracy": (items[0]["summary"].get("before") or {}).get("accuracy"),
         "train_wall_s_mean": statistics.mean(r["summary"]["train_wall_s"] for r in items),
         "trained_tokens_mean": statistics.mean(r["summary"]["trained_tokens"] for r in items),
