@@ -166,8 +166,8 @@ def eval_result(record: dict) -> dict:
 def read_run_records(path: Path, *, warn: Callable[[str], None] | None = None) -> list[dict]:
     """The records of a `metrics.jsonl`, one per step and kind. A cut-off LAST line (a kill during its write)
     is dropped, with a note through `warn(message)`; any other line that is not a record is an error naming
-    file and line. A step recorded twice keeps its last record (the one written last), in its place, with a
-    note."""
+    file and line. A step recorded twice (per kind) keeps its last record, the one written last, in the place of
+    its first, with a note."""
     path = Path(path)
     try:
         lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
@@ -189,14 +189,16 @@ def read_run_records(path: Path, *, warn: Callable[[str], None] | None = None) -
             raise RunFolderError(f"{path} line {i} is not a d3s record (JSON with 'type' and 'step'); "
                                  "remove or repair that line")
         records.append(rec)
-    last = {(r["type"], r["step"]): i for i, r in enumerate(records)}
-    if len(last) < len(records):
-        twice = sorted({(r["type"], r["step"]) for i, r in enumerate(records) if last[(r["type"], r["step"])] != i},
-                       key=lambda key: key[1])
+    kept: dict[tuple[str, int], dict] = {}  # in the order first recorded, each the last record written
+    for rec in records:
+        kept[rec["type"], rec["step"]] = rec
+    if len(kept) < len(records):
         if warn is not None:
+            twice = sorted({key for key in kept if sum((r["type"], r["step"]) == key for r in records) > 1},
+                           key=lambda key: (key[1], key[0] == "eval"))
             shown = ", ".join(f"{kind} step {step}" for kind, step in twice)
             warn(f"{path} records {shown} more than once; the last record of each is kept")
-        records = [r for i, r in enumerate(records) if last[(r["type"], r["step"])] == i]
+        records = list(kept.values())
     return records
 
 
