@@ -40,7 +40,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from d3s.app.models import resolve_model
-    from d3s.app.recipe import RunArgs
+    from d3s.app.run_args import RunArgs
     from d3s.app.evaluation.prompts import render_prompt
     from d3s.app.scoring import score_arith
     from d3s.app.tasks import prompt_text, train_problems

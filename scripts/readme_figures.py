@@ -26,7 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from d3s.app.compare_summary import _reach, _run_machine, run_dir
+from d3s.app.compare.summary import _reach, _run_machine, run_dir
 from d3s.app.machine import same_machine
 from d3s.app.intervals import mean_interval
 from d3s.app.runfiles import read_run_records

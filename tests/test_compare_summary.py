@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from d3s.app.compare_markdown import render_markdown
-from d3s.app.compare_summary import summarize
-from d3s.app.intervals import mean_interval, t_quantile_975
+from d3s.app.compare.markdown import render_markdown
+from d3s.app.compare.summary import summarize
+from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.runfiles import no_signal_share
 
 
@@ -39,12 +39,27 @@ def _run_config(machine: dict) -> dict:
 
 
 def test_t_interval_against_the_closed_form():
-    assert t_quantile_975(1) == 12.706 and t_quantile_975(2) == 4.303
-    values = [0.5, 0.6, 0.7]
-    low, high = mean_interval(values)
-    half = 4.303 * statistics.stdev(values) / math.sqrt(3)
-    assert (low, high) == pytest.approx((0.6 - half, 0.6 + half))
+    # Student t quantiles in closed form: tan(pi (p - 1/2)) with 1 degree of freedom, (2p - 1) / sqrt(2p(1 - p)) with 2
+    p = 0.975
+    for values, t975 in (([0.5, 0.7], math.tan(math.pi * (p - 0.5))),
+                         ([0.5, 0.6, 0.7], (2 * p - 1) / math.sqrt(2 * p * (1 - p)))):
+        low, high = mean_interval(values)
+        m, half = statistics.mean(values), t975 * statistics.stdev(values) / math.sqrt(len(values))
+        assert (low, high) == pytest.approx((m - half, m + half), rel=1e-9)
     assert mean_interval([0.5]) is None
+    low, high = mean_interval([0.65 - 0.6, 0.7 - 0.65, 0.05])  # equal but for float noise: no width, no warning
+    assert low == high == pytest.approx(0.05)
+
+
+def test_wilson_interval_against_the_score_formula():
+    z = 1.959963984540054  # the standard normal 97.5% quantile
+    for correct, n in ((0, 200), (1, 10), (130, 200), (200, 200), (7, 7)):
+        p = correct / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        expected = (max(0.0, centre - half), min(1.0, centre + half))
+        assert wilson_interval(correct, n) == pytest.approx(expected, abs=1e-12)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
 def test_no_signal_share_counts_steps_where_every_group_is_flat():
@@ -68,6 +83,9 @@ def test_summary_tables(tmp_path):
     diffs = [0.05, 0.0, 0.10]  # paired by seed
     assert d3s["diff_to_reference_mean"] == pytest.approx(statistics.mean(diffs))
     assert d3s["diff_to_reference_ci95"] == pytest.approx(list(mean_interval(diffs)))
+    # MDD: (t_{0.975, 2} + t_{0.8, 2}) sd / sqrt(3), the t quantiles in closed form for 2 degrees of freedom
+    t2 = [(2 * p - 1) / math.sqrt(2 * p * (1 - p)) for p in (0.975, 0.8)]
+    assert d3s["diff_to_reference_mdd"] == pytest.approx(sum(t2) * statistics.stdev(diffs) / math.sqrt(3))
     # d3s reaches 60% at its step-2 evaluation in every seed: 120 s, 2 steps x 100 positions
     assert d3s["seeds_reaching_target"] == 3
     assert d3s["wall_s_to_target_mean"] == 120.0 and d3s["computed_to_target_mean"] == 200.0
@@ -118,7 +136,7 @@ def test_generation_columns_and_run_settings(tmp_path):
 
 
 def test_a_run_setting_is_a_variant_with_switches_on():
-    from d3s.app.compare import run_setting
+    from d3s.app.compare.command import run_setting
     from d3s.app.errors import RecipeError
 
     assert run_setting("d3s") == ["--variant", "d3s"]
@@ -164,12 +182,14 @@ def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_
                 (tmp_path / f"{name}-seed{seed}" / "run_config.json").write_text(json.dumps(_run_config(m)))
     summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2, 3, 4, 5])
     per_seed = {p["seed"]: p for p in summary["variants"]["d3s"]["per_seed"]}
-    assert per_seed[1]["to_target_vs_reference"] == {"wall_share": 0.5, "computed_share": 0.5, "same_machine": True}
+    assert per_seed[1]["to_target_vs_reference"] == {"wall_share": 0.5, "computed_share": 0.5, "flops_share": None,
+                                                       "same_machine": True}  # no FLOPs recorded
     # wall-clock shares only on one machine; positions computed always
-    assert per_seed[2]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 1.0, "same_machine": False}
+    assert per_seed[2]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 1.0, "flops_share": None,
+                                                       "same_machine": False}
     assert per_seed[3]["to_target_vs_reference"] is None
     for seed in (4, 5):
-        assert per_seed[seed]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 0.5,
+        assert per_seed[seed]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 0.5, "flops_share": None,
                                                            "same_machine": None}
     d3s = summary["variants"]["d3s"]
     assert d3s["one_machine_with_reference"] is False and d3s["speedup_wall"] is None
@@ -177,12 +197,12 @@ def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_
     assert "to_target_vs_reference" not in summary["variants"]["grpo"]["per_seed"][0]
     md = render_markdown(summary, "d3s compare ...")
     assert "## Cost to reach grpo's final accuracy, seed by seed" in md
-    assert "| d3s | 1 | 2 | 2.0 min | 0.50 of 4.0 min | 0.50 | one machine |" in md
-    assert ("| d3s | 2 | 4 | 4.0 min | not compared: different machines | 1.00 | **different machines** |"
+    assert "| d3s | 1 | 2 | 2.0 min | 0.50 of 4.0 min | 0.50 | - | one machine |" in md
+    assert ("| d3s | 2 | 4 | 4.0 min | not compared: different machines | 1.00 | - | **different machines** |"
             in md)
     assert "| d3s | 3 | not reached (55.0% at the end) |" in md
     for seed in (4, 5):
-        assert f"| d3s | {seed} | 2 | 2.0 min | not compared: machine unknown | 0.50 | machine unknown |" in md
+        assert f"| d3s | {seed} | 2 | 2.0 min | not compared: machine unknown | 0.50 | - | machine unknown |" in md
     assert "| not compared: different machines |" in md  # the cost table's speedup (wall)
     # the runs' table names each machine, and the notes say that the timings mix machines
     assert "| d3s seed 2 | 65.0% | 4.0 min |" in md and "AMD EPYC (25/1/1), 2 CPUs, AVX2 |" in md

@@ -11,7 +11,7 @@ pytest.importorskip("datasets")
 
 from d3s import cli  # noqa: E402
 from d3s.app.errors import RecipeError  # noqa: E402
-from d3s.app.recipe import RunArgs  # noqa: E402
+from d3s.app.run_args import RunArgs  # noqa: E402
 from d3s.app.tasks import load_math_rows  # noqa: E402
 
 

@@ -19,9 +19,11 @@ def test_importing_the_core_loads_no_application_module():
 
 @pytest.mark.parametrize("command", [[], ["compare", "--help"], ["eval", "--help"], ["eval-table", "--help"]])
 def test_the_command_line_loads_the_frameworks_only_when_a_job_needs_them(command):
-    """`d3s --help` and the help of the jobs other than `d3s train` load neither transformers nor TRL."""
+    """`d3s --help` and the help of the jobs other than `d3s train` load neither transformers nor TRL (nor scipy,
+    which the intervals import when they compute one)."""
     code = ("import sys; from d3s.app.cli import main; main(sys.argv[1:]); "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'trl', 'datasets', 'matplotlib'}))")
+            "print(sorted({m.split('.')[0] for m in sys.modules}"
+            " & {'transformers', 'trl', 'datasets', 'matplotlib', 'scipy'}))")
     out = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True, check=True).stdout
     heavy = out.strip().splitlines()[-1]
     assert heavy == "[]", heavy

@@ -18,6 +18,6 @@ Bottom-up, in import order (docs/architecture.md draws it; tests/test_imports.py
     train             `d3s train`: one run with held-out accuracy, records, checkpoints and resume
     resume            where a run continues from (finished, newest complete checkpoint, start), what it refuses
     run_trainer       the run's trainer and callback (imports TRL; loaded when a run starts)
-    compare           `d3s compare`: variants x seeds, side by side (compare_summary, compare_markdown)
+    compare           `d3s compare`: variants x seeds, side by side (a package: command, summary, markdown)
     cli               the command line: `d3s train | compare | eval | eval-table`
 """

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from d3s.app.recipe import RunArgs
+from d3s.app.run_args import RunArgs
 from d3s.app.runfiles import read_run_config, read_run_records, read_summary
 from d3s.app.runfolder import STAGING_NAME, RunFolderError, checkpoint_step, complete_checkpoints, training_changes
 

@@ -32,6 +32,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
+from d3s.app.budget import Budget, budget_lr_scheduler, budget_spent, estimated_flops
 from d3s.app.runfolder import STAGING_NAME, UnloadableCheckpoint, publish_folder
 from d3s.integrations.private_api import ATTRIBUTE, NAME
 from d3s.integrations.trl import D3SGRPOTrainer
@@ -55,6 +56,9 @@ PRIVATE_API = {
     "Trainer._load_rng_state": "(self, checkpoint)",
     "Trainer._load_scaler": "(self, checkpoint)",
     "Trainer._issue_warnings_after_load": "(self, load_result)",
+    # Overridden by RunTrainer under a compute budget (the learning rate follows the share of it spent)
+    "Trainer.create_scheduler": "(self, num_training_steps, optimizer=None)",
+    "Trainer._created_lr_scheduler": ATTRIBUTE,
     # Called by d3s.app.train: native bf16 kernels
     "torch.ops.mkldnn._is_mkldnn_bf16_supported": NAME,
 }
@@ -151,6 +155,31 @@ class RunTrainer(D3SGRPOTrainer):
     _d3s_staging: str | None = None
     d3s_resume_point: dict | None = None
     d3s_saved_step: int | None = None
+    # Under a compute budget (`d3s.app.budget`): the budget, N, and the FLOPs spent when the current step began
+    d3s_budget: Budget | None = None
+    d3s_n_params: int = 0
+    d3s_step_start_flops: float = 0.0
+
+    def d3s_flops(self) -> float:
+        """Estimated model FLOPs spent so far (`d3s.app.budget`), from the live position counts."""
+        positions = self.d3s_positions
+        return estimated_flops(self.d3s_n_params, self.state.num_input_tokens_seen, positions.trained,
+                               positions.no_grad)
+
+    def d3s_progress(self) -> float:
+        """Under a compute budget, the share of it spent before this step; otherwise the share of the steps."""
+        if self.d3s_budget is None:
+            return super().d3s_progress()
+        return self.d3s_budget.progress(self.d3s_step_start_flops)
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        if self.d3s_budget is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer=optimizer)
+        budget = self.d3s_budget
+        self.lr_scheduler = budget_lr_scheduler(self.args, optimizer or self.optimizer,
+                                                lambda: budget.progress(self.d3s_flops()))
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     def _get_output_dir(self, trial):
         return self._d3s_staging if self._d3s_staging is not None else super()._get_output_dir(trial)
@@ -260,6 +289,7 @@ class RunTrainer(D3SGRPOTrainer):
             # counters the next step advances before it finishes
             "num_input_tokens_seen": self.state.num_input_tokens_seen,
             "total_flos": self.state.total_flos + self.current_flos,
+            "positions": (self.d3s_positions.trained, self.d3s_positions.no_grad),
         }
 
     def d3s_rewind_to_resume_point(self) -> None:
@@ -268,19 +298,22 @@ class RunTrainer(D3SGRPOTrainer):
         set_rng_states(point["rng"])
         self.state.num_input_tokens_seen = point["num_input_tokens_seen"]
         self.state.total_flos, self.current_flos = point["total_flos"], 0
+        self.d3s_positions.trained, self.d3s_positions.no_grad = point["positions"]
 
 
 class RunCallback(TrainerCallback):
-    """JSONL records (through `run_log`, a `d3s.app.train.RunLog`), the progress bar and the held-out
+    """JSONL records (through `run_log`, a `d3s.app.runfiles.RunLog`), the progress bar and the held-out
     evaluation (`evaluate()`) every `eval_every` steps. Records only; no control."""
 
-    def __init__(self, run_log: Any, evaluate: Callable[[], dict], eval_every: int):
-        self.run_log, self.evaluate, self.eval_every = run_log, evaluate, eval_every
+    def __init__(self, run_log: Any, evaluate: Callable[[], dict], eval_every: int, budget: Budget | None = None):
+        self.run_log, self.evaluate, self.eval_every, self.budget = run_log, evaluate, eval_every, budget
+        self.trainer: RunTrainer | None = None  # set once it exists: the FLOPs it has spent
         last = run_log.last("train")
         self.wall_offset = last["wall_s"] if last else 0.0
         self.trained_tokens = last["trained_tokens"] if last else 0.0
         self.generated_tokens = last["generated_tokens"] if last else 0.0
         self.computed_tokens = last.get("computed_tokens", 0.0) if last else 0.0
+        self.no_grad_tokens = last.get("no_grad_tokens", 0.0) if last else 0.0
         self.eval_seconds = 0.0
         self.t0 = time.perf_counter()
         self.updating_from: int | None = None
@@ -293,7 +326,15 @@ class RunCallback(TrainerCallback):
         return self.wall_offset + time.perf_counter() - self.t0 - self.eval_seconds
 
     def _eval_due(self, step: int, max_steps: int) -> bool:
+        if self.budget is not None:  # at the shares of the budget (`Budget.evaluations`), not at its end
+            flops = [r["flops"] for r in self.run_log.records if r["type"] == "train" and r["step"] <= step]
+            due, _ = self.budget.evaluations(flops)
+            return bool(flops) and len(flops) - 1 in due and not budget_spent(self.budget, flops)
         return bool(self.eval_every) and step % self.eval_every == 0 and step < max_steps
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.trainer is not None:
+            self.trainer.d3s_step_start_flops = self.trainer.d3s_flops()
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.perf_counter()
@@ -317,10 +358,13 @@ class RunCallback(TrainerCallback):
         if ratio:
             self.generated_tokens += logs.get("d3s/tokens_in_loss", 0.0) / ratio * steps
         self.computed_tokens += logs.get("d3s/tokens_computed", 0.0) * steps
+        self.no_grad_tokens += logs.get("d3s/tokens_no_grad", 0.0) * steps
         record = {"type": "train", "step": state.global_step, "wall_s": self.wall(),
                   "trained_tokens": self.trained_tokens, "generated_tokens": self.generated_tokens,
-                  "computed_tokens": self.computed_tokens,
+                  "computed_tokens": self.computed_tokens, "no_grad_tokens": self.no_grad_tokens,
                   **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+        if self.trainer is not None and self.trainer.d3s_n_params:
+            record["flops"] = self.trainer.d3s_flops()
         self.run_log.add(record)
         if self.bar is not None:
             self.bar.set_postfix(self._bar_fields(logs), refresh=False)
@@ -344,6 +388,10 @@ class RunCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.updating_from = None
+        if self.budget is not None and self.trainer is not None:  # every process decides alike: all-rank counts
+            spent = self.trainer.d3s_flops()
+            if self.budget.done(spent, spent - self.trainer.d3s_step_start_flops):
+                control.should_training_stop = True
         if state.is_world_process_zero and self.bar is not None:
             self.bar.update(state.global_step - self.bar.n)
 
@@ -352,9 +400,11 @@ class RunCallback(TrainerCallback):
         result = self.evaluate()
         self.eval_seconds += time.perf_counter() - t
         self.last_acc = result["accuracy"]
+        last = self.run_log.last("train")
+        flops = {"flops": last["flops"]} if last is not None and last.get("flops") is not None else {}
         self.run_log.add({"type": "eval", "step": step, "wall_s": self.wall(), "trained_tokens": self.trained_tokens,
                           "generated_tokens": self.generated_tokens, "computed_tokens": self.computed_tokens,
-                          **{k: v for k, v in result.items() if k != "examples"}})
+                          **flops, **{k: v for k, v in result.items() if k != "examples"}})
         return result
 
     def on_train_end(self, args, state, control, **kwargs):

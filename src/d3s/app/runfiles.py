@@ -134,6 +134,16 @@ def read_summary(out: Path) -> tuple[dict | None, str | None]:
     return (None, f"not a run summary: {problem}") if problem else (summary, None)
 
 
+def finished_summary(out: Path) -> dict:
+    """The summary of a run that `d3s compare` has finished or reused: valid, else a `RunFolderError` naming the
+    file and why (it was changed since)."""
+    summary, damaged = read_summary(out)
+    if summary is None:
+        raise RunFolderError(f"{Path(out) / 'summary.json'} is {f'damaged ({damaged})' if damaged else 'missing'}; "
+                             "rerun the same d3s compare command to finish that run")
+    return summary
+
+
 def read_run_config(out: Path) -> tuple[dict | None, str | None]:
     """`(run_config, problem)` of a run's `run_config.json`: its content when it is a d3s run's (a JSON object
     with the sections of `RUN_CONFIG_SECTIONS`, each an object), else None and, when the file exists, why it
@@ -154,8 +164,9 @@ def read_run_config(out: Path) -> tuple[dict | None, str | None]:
 # ---------------------------------------------------------------------------------------------
 
 
-RECORD_FIELDS = ("type", "step", "wall_s", "trained_tokens", "generated_tokens", "computed_tokens")
-"""The fields every record of `metrics.jsonl` starts with; an `eval` record adds the evaluation's result."""
+RECORD_FIELDS = ("type", "step", "wall_s", "trained_tokens", "generated_tokens", "computed_tokens", "flops")
+"""The fields every record of `metrics.jsonl` starts with (`flops` since it was counted); an `eval` record adds the
+evaluation's result."""
 
 
 def eval_result(record: dict) -> dict:
@@ -349,9 +360,10 @@ def generation_summary(records: list[dict]) -> dict[str, float | None] | None:
 
 
 def run_summary(run, config, steps: int, heldout_size: int, before: dict | None, after: dict, run_log: RunLog,
-                started: float, version: str) -> dict[str, Any]:
+                started: float, version: str, budget: dict | None) -> dict[str, Any]:
     """What `summary.json` records of a finished run (`run`, `config`: its `RunArgs` and `D3SConfig`; `started`:
-    the `time.perf_counter()` of the command's start); it holds every field of `SUMMARY_FIELDS`."""
+    the `time.perf_counter()` of the command's start; `budget`: what its compute budget bought, or None); it holds
+    every field of `SUMMARY_FIELDS`."""
     last_train = run_log.last("train") or {}
     generation = generation_summary(run_log.records)
     return {
@@ -367,6 +379,8 @@ def run_summary(run, config, steps: int, heldout_size: int, before: dict | None,
         "trained_tokens": last_train.get("trained_tokens"),
         "generated_tokens": last_train.get("generated_tokens"),
         "computed_tokens": last_train.get("computed_tokens"),
+        "flops": last_train.get("flops"),
+        "budget": budget,
         "no_signal_steps": no_signal_share(run_log.records),
         "generation": {k: v for k, v in (generation or {}).items() if k != "generation_s_per_signal_group"} or None,
         "generation_s_per_signal_group": (generation or {}).get("generation_s_per_signal_group"),

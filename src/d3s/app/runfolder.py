@@ -322,7 +322,7 @@ def prune_checkpoints(out: Path, keep: str) -> int:
 
 # Fields that do not change what is trained: where and how often things are logged, saved, shown or
 # evaluated on the held-out set. Everything else must match the run being resumed.
-FREE_RUN_FIELDS = frozenset({"resume", "plots", "eval_every", "eval_batch_size"})
+FREE_RUN_FIELDS = frozenset({"resume", "plots", "eval_every", "eval_batch_size", "budget_eval_shares"})
 FREE_TRAINER_FIELDS = frozenset({
     "output_dir", "logging_dir", "logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter",
     "log_level", "log_level_replica", "log_on_each_node", "log_completions", "num_completions_to_print",
@@ -349,7 +349,7 @@ ADDED_FIELDS = {
     "prompt_skip": False, "prompt_skip_explore": 0.5, "prompt_skip_history": 8,
     "dynamic_sampling": False, "dynamic_sampling_max_rounds": 3, "task_train_size": 0,
     "token_cut": "batch", "min_tokens_per_rollout": 0, "schedule_clock": "steps",
-    "keep_last_in_loss": False, "shared_prefill_generation": False,
+    "keep_last_in_loss": False, "shared_prefill_generation": False, "compute_budget": 0.0,
     # Recorded since precision took effect: before, `bf16` was set after the trainer settings were built, so a
     # run without a launcher's --mixed_precision trained in fp32 whatever its recorded `bf16` said
     "mixed_precision": "no",

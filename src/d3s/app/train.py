@@ -47,15 +47,16 @@ from typing import Any
 
 import torch
 
+from d3s.app.budget import budget_spent, budget_summary, count_compute, run_budget
 from d3s.app.child_process import stop_with_parent
 from d3s.app.errors import RecipeError
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.machine import machine_description
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
-from d3s.app.recipe import RunArgs, load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, \
-    train_device
+from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, train_device
 from d3s.app.resume import settle_resume
+from d3s.app.run_args import RunArgs
 from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary
 from d3s.app.runfolder import RunLock, UnloadableCheckpoint, claim_folder, code_version, complete_checkpoints, \
     lock_existing_run
@@ -66,11 +67,12 @@ def _say(message: str) -> None:
     print(f"d3s train: {message}", file=sys.stderr, flush=True)
 
 
-def _make_callback(run_log: RunLog, evaluate, eval_every: int):
-    """The run's `RunCallback` (records, progress bar, held-out evaluation every `eval_every` steps)."""
+def _make_callback(run_log: RunLog, evaluate, run: RunArgs):
+    """The run's `RunCallback` (records, progress bar, held-out evaluation every `eval_every` steps or at the
+    shares of its compute budget)."""
     from d3s.app.run_trainer import RunCallback  # imports TRL: only when a run starts
 
-    return RunCallback(run_log, evaluate, eval_every)
+    return RunCallback(run_log, evaluate, run.eval_every, budget=run_budget(run))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,8 +235,9 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
             return heldout_accuracy(model, tokenizer, task, max_new, run.eval_batch_size,
                                     shared_prefill=config.shared_prefill_generation)
 
-    callback = _make_callback(run_log, evaluate, run.eval_every)
+    callback = _make_callback(run_log, evaluate, run)
     trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)
+    count_compute(trainer, callback, model, run_log)
     steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
     _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
          f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
@@ -247,8 +250,9 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
         before = next((eval_result(r) for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
     _train(trainer, callback, run_log, out, run, config, checkpoint, resume_step, unloadable)
     after = _final_evaluation(trainer, callback, run_log, out, run, resume_step, unloadable)
+    budget = budget_summary(run_budget(run), [r["flops"] for r in run_log.records if r["type"] == "train"])
     summary = run_summary(run, config, trainer.state.global_step, len(task.heldout), before, after, run_log, started,
-                       run_config["code_version"])
+                          run_config["code_version"], budget)
     _finish(run, config, out, summary, main_process)
     return summary
 
@@ -328,14 +332,15 @@ def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, r
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cached, json.dumps(before))
     run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
-                 "computed_tokens": 0.0, **{k: v for k, v in before.items() if k != "examples"}})
+                 "computed_tokens": 0.0, "flops": 0.0, **{k: v for k, v in before.items() if k != "examples"}})
     return before
 
 
 def _train(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, config, checkpoint: Path | None,
            resume_step: int | None, unloadable: dict[str, str]) -> None:
     """Train to the end, from `checkpoint` if any; a stop keeps the last finished step and raises `RunStopped`."""
-    if resume_step is not None and 0 < config.max_steps <= resume_step:
+    if resume_step is not None and (0 < config.max_steps <= resume_step or callback.budget is not None and budget_spent(
+            callback.budget, [r["flops"] for r in run_log.records if r["type"] == "train"])):
         # Every step was trained and saved; the run stopped before its final evaluation (or lost its summary).
         trainer._load_from_checkpoint(str(checkpoint))
         trainer.state.global_step = resume_step

@@ -75,6 +75,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         self._d3s_rewards_per_func: torch.Tensor | None = None  # (B*G, F) of the current generation batch
         self._d3s_timer = step_metrics.StepTimer(self.accelerator.device)
         self._d3s_kl = KLMonitor(self.args.kl_log_every, self.args.kl_log_rollouts)
+        self.d3s_positions = step_metrics.Positions()  # positions computed: a compute estimate reads them
         self._d3s_prompts = None  # which prompts a generation batch holds (`prompts`), when an option is on
         if self.args.d3s_chooses_prompts:
             self._d3s_prompts = prompts.PromptChooser(
@@ -292,7 +293,7 @@ class D3SGRPOTrainer(GRPOTrainer):
     def _d3s_monitor_kl(self, batch: dict) -> None:
         if not self._d3s_kl.due(self.beta, self.d3s_generation_index()):
             return
-        with self._d3s_timed("kl_monitor"):
+        with self._d3s_timed("kl_monitor"), self.d3s_positions.uncounted():
             kl = self._d3s_kl.measure(self, batch, lambda model, rows, mask: self._d3s_no_grad_logps(model, rows, mask)[0])
         self._metrics["train"]["kl"].append(kl)
 
@@ -319,9 +320,8 @@ class D3SGRPOTrainer(GRPOTrainer):
             model, self.accelerator, prompt_ids, prompt_mask, completion_ids, completion_mask,
             grad_positions=grad_positions, value_positions=value_positions, entropy=entropy, aux_rows=aux_rows,
         )
-        step_metrics.log_tokens_computed(
-            self.accelerator, self._metrics["train"], positions, self.current_gradient_accumulation_steps
-        )
+        accumulation = self.current_gradient_accumulation_steps
+        self.d3s_positions.log_trained(self.accelerator, self._metrics["train"], positions, accumulation)
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
@@ -334,9 +334,10 @@ class D3SGRPOTrainer(GRPOTrainer):
             loss = super()._compute_loss(model, inputs)  # TRL's own computation (plain GRPO/GSPO, evaluation)
             if self.model.training:
                 positions = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
-                step_metrics.log_tokens_computed(
-                    self.accelerator, metrics, positions, self.current_gradient_accumulation_steps
-                )
+                scored = [k for k in ("old_per_token_logps", "ref_per_token_logps") if inputs.get(k) is not None]
+                self.d3s_positions.add_no_grad(positions * len(scored))  # TRL's passes of these rows
+                accumulation = self.current_gradient_accumulation_steps
+                self.d3s_positions.log_trained(self.accelerator, metrics, positions, accumulation)
                 if metrics["entropy"]:
                     metrics["entropy/trained"].append(metrics["entropy"][-1])
             return loss

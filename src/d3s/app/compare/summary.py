@@ -17,11 +17,12 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from d3s.app.compare.budget import budget_summary
+from d3s.app.compare.stats import minimum_detectable_difference
 from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.machine import one_machine, same_machine
-from d3s.app.errors import RunFolderError
-from d3s.app.runfiles import (generation_summary, no_signal_share, read_run_config, read_run_records, read_summary,
-                              step_seconds, with_computed_tokens)
+from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_share, read_run_config,
+                              read_run_records, step_seconds, with_computed_tokens)
 
 
 def run_dir(root: Path, variant: str, seed: int) -> Path:
@@ -63,10 +64,7 @@ def _mean_parts(parts: list[dict | None], skip_none: bool = False) -> dict[str, 
 
 def _load_run(root: Path, variant: str, seed: int) -> dict:
     folder = run_dir(root, variant, seed)
-    summary, damaged = read_summary(folder)
-    if summary is None:  # d3s compare reuses only valid ones; a file changed since
-        raise RunFolderError(f"{folder / 'summary.json'} is {f'damaged ({damaged})' if damaged else 'missing'}; "
-                             "rerun the same d3s compare command to finish that run")
+    summary = finished_summary(folder)
     records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
     return {"seed": seed, "summary": summary, "records": records,
             "version": _run_version(folder, summary), "recipe_checked": read_run_config(folder)[0] is not None,
@@ -83,13 +81,14 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
         "train_wall_s": summary["train_wall_s"],
         "trained_tokens": summary["trained_tokens"],
         "computed_tokens": records[-1]["computed_tokens"] if records else None,
+        "flops": summary.get("flops"),
         "no_signal_steps": no_signal_share(records),
         "generation": generation_summary(records),
         "steps": len(train),
         "step_seconds": step_seconds(records),
         "command_wall_s": summary.get("command_wall_s"),
-        "to_target": None if hit is None else {k: hit[k] for k in ("step", "wall_s", "trained_tokens",
-                                                                     "computed_tokens")},
+        "to_target": None if hit is None else {**{k: hit[k] for k in ("step", "wall_s", "trained_tokens",
+                                                                       "computed_tokens")}, "flops": hit.get("flops")},
         "code_version": run["version"],
         "recipe_checked": run["recipe_checked"],
         "machine": run["machine"],
@@ -114,10 +113,14 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
         "pooled_ci95": [lo, hi],
         "diff_to_reference_mean": statistics.mean(diffs),
         "diff_to_reference_ci95": mean_interval(diffs),
+        "diff_to_reference_mdd": (minimum_detectable_difference(statistics.stdev(diffs), len(diffs))
+                                  if len(diffs) > 1 else None),
         "base_accuracy": (items[0]["summary"].get("before") or {}).get("accuracy"),
         "train_wall_s_mean": statistics.mean(r["summary"]["train_wall_s"] for r in items),
         "trained_tokens_mean": statistics.mean(r["summary"]["trained_tokens"] for r in items),
         "computed_tokens_mean": statistics.mean(p["computed_tokens"] or 0.0 for p in per_seed),
+        "flops_mean": (statistics.mean(p["flops"] for p in per_seed)
+                       if all(p["flops"] is not None for p in per_seed) else None),
         "no_signal_share_mean": statistics.mean(shares) if shares else None,
         "generation_mean": _mean_parts([p["generation"] for p in per_seed], skip_none=True),
         "step_seconds_mean": _mean_parts([p["step_seconds"] for p in per_seed]),
@@ -143,13 +146,17 @@ def _against_reference(run: dict, ref: dict) -> dict | None:
     return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] and one else None,
             "computed_share": (hit["computed_tokens"] / ref["computed_tokens"]
                                if hit.get("computed_tokens") is not None and ref["computed_tokens"] else None),
+            "flops_share": hit["flops"] / ref["flops"] if hit.get("flops") is not None and ref.get("flops") else None,
             "same_machine": one}
 
 
-def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
-    """The summary of the finished runs `root/<variant>-seed<seed>/` (what `compare.json` holds)."""
+def summarize(root: Path, variants: list[str], seeds: list[int], reference: str | None = None,
+              budget: bool = False) -> dict:
+    """The summary of the finished runs `root/<variant>-seed<seed>/` (what `compare.json` holds); the reference
+    is `reference` (default: grpo if present, else the first variant). With `budget` (runs of `d3s compare --budget
+    reference`), each variant also gets its `budget` object (`d3s.app.compare.budget.budget_summary`)."""
     runs = {v: [_load_run(root, v, s) for s in seeds] for v in variants}
-    reference = "grpo" if "grpo" in variants else variants[0]
+    reference = reference or ("grpo" if "grpo" in variants else variants[0])
     ref_final = {r["seed"]: r["summary"]["after"]["accuracy"] for r in runs[reference]}
     target = statistics.mean(ref_final.values())
     table = {v: _variant_row(items, ref_final, target) for v, items in runs.items()}
@@ -167,6 +174,9 @@ def summarize(root: Path, variants: list[str], seeds: list[int]) -> dict:
         if v != reference:
             for p in row["per_seed"]:
                 p["to_target_vs_reference"] = _against_reference(p, ref_runs[p["seed"]])
+    if budget:
+        for v, row in budget_summary(runs, reference).items():
+            table[v]["budget"] = row
     versions = sorted({p["code_version"] for row in table.values() for p in row["per_seed"]})
-    return {"reference": reference, "target_accuracy": target, "seeds": seeds, "variants": table,
+    return {"reference": reference, "mode": "budget" if budget else "steps", "target_accuracy": target, "seeds": seeds, "variants": table,
             "code_versions": versions}

@@ -17,8 +17,8 @@ split over days or machines: point `--output_dir` at a folder of committed runs 
 finishes it. A finished run is reused only if its recorded recipe trains what this command would
 (`run_config.json`; else an error names the differences); the code version of every run is shown.
 
-Outputs in DIR: `compare.json` (the numbers: `d3s.app.compare_summary`), `compare.md` (its tables:
-`d3s.app.compare_markdown`), `compare.png` (overlaid curves: `d3s.app.plots`), for this command's variants
+Outputs in DIR: `compare.json` (the numbers: `d3s.app.compare.summary`), `compare.md` (its tables:
+`d3s.app.compare.markdown`), `compare.png` (overlaid curves: `d3s.app.plots`), for this command's variants
 and seeds; `compare.md` names the folder's other finished runs, which a command naming them all tables
 together. This module runs the comparison.
 """
@@ -34,9 +34,11 @@ from pathlib import Path
 from typing import Sequence
 
 from d3s.app.child_process import run_child
-from d3s.app.compare_markdown import render_markdown
-from d3s.app.compare_summary import run_dir, summarize
+from d3s.app.compare.budget import budget_argv, check_budget_command, reference_argv
+from d3s.app.compare.markdown import render_markdown
+from d3s.app.compare.summary import run_dir, summarize
 from d3s.app.errors import RecipeError
+from d3s.app.machine import same_machine
 from d3s.app.options import parse_command
 from d3s.app.plots import plot_compare
 from d3s.app.recipe import parse_train_args
@@ -57,6 +59,18 @@ class CompareArgs:
     config: str | None = field(default=None, metadata={
         "help": "recipe file or shipped recipe name (default: the embedded one)"})
     output_dir: str = field(default="runs/compare", metadata={"help": "folder of all runs"})
+    budget: str | None = field(default=None, metadata={
+        "help": "'reference': compute-matched; the reference variant runs its recipe and every other variant, same "
+                "seed, trains until it has spent the same estimated model FLOPs, evaluated at the same compute "
+                "shares (docs/compare.md). Default: every variant runs the same steps"})
+    reference: str | None = field(default=None, metadata={
+        "help": "the variant the others are paired with (default: grpo if listed, else the first)"})
+    budget_points: int = field(default=5, metadata={
+        "help": "with --budget: held-out evaluations over the budget, the end included (the reference evaluates "
+                "every max_steps // budget_points steps)"})
+    wall_clock_ratios: bool = field(default=False, metadata={
+        "help": "refuse to finish unless every run was timed on one machine (wall-clock ratios need it; without "
+                "this, the tables say where they could not compare)"})
     keep_checkpoints: KeepCheckpoints = field(default="model", metadata={
         "help": "what each finished run keeps of its checkpoints: 'model' the final model without optimizer and "
                 "RNG states, 'none' nothing, 'all' everything (a full checkpoint of a 135M model with Adam is about "
@@ -176,6 +190,43 @@ def runs_left_out(root: Path, variants: Sequence[str], seeds: Sequence[int]) -> 
                   if p.is_dir() and p.name not in ours and is_run_folder(p) and read_summary(p)[0] is not None)
 
 
+def _without(argv: Sequence[str], name: str) -> list[str]:
+    """`argv` without the option `--name` (`--name value` or `--name=value`)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == f"--{name}":
+            skip = True
+        elif not a.startswith(f"--{name}="):
+            out.append(a)
+    return out
+
+
+def _budget_plan(args: CompareArgs, reference: str, train_argv: list[str]):
+    """`per_run(variant, reference run folder) -> d3s train options` of this command's runs."""
+    if args.budget is None:
+        return lambda variant, ref_folder: train_argv
+    _, config, _ = parse_train_args([*train_argv, *run_setting(reference)])
+    if config.max_steps < 1:
+        raise RecipeError(f"--budget reference needs the reference's max_steps >= 1 (it is {config.max_steps}); the "
+                          "others train on its compute")
+    ref_argv = [*_without(train_argv, "eval_every"), *reference_argv(config.max_steps, args.budget_points)]
+    others = _without(train_argv, "max_steps")
+    return lambda variant, ref_folder: ref_argv if variant == reference else [*others, *budget_argv(ref_folder)]
+
+
+def refuse_mixed_machines(summary: dict) -> None:
+    """One line naming the runs timed on another machine than the reference's first run (or on none recorded)."""
+    rows = [(v, p) for v, row in summary["variants"].items() for p in row["per_seed"]]
+    first = summary["variants"][summary["reference"]]["per_seed"][0]["machine"]
+    other = [f"{v}-seed{p['seed']}" for v, p in rows if not same_machine(p["machine"], first)]
+    if other:
+        raise RecipeError(f"--wall_clock_ratios true: {', '.join(other[:4])}{' and more' if len(other) > 4 else ''} "
+                          "were timed on another machine than the reference's first run, or on one not recorded; "
+                          "rerun them here, or leave the option off (the tables then say where they cannot compare)")
+
+
 def cmd_compare(argv: Sequence[str]) -> int:
     """`d3s compare`: see the module docstring."""
     (args,), train_argv = parse_command(
@@ -198,6 +249,10 @@ def cmd_compare(argv: Sequence[str]) -> int:
     if unknown:
         raise RecipeError(f"unknown variants {unknown}; valid: {', '.join(VARIANTS)}, each optionally followed by "
                           "+switch (a boolean d3s train field) or +field=value, e.g. d3s+prompt_skip or d3s+token_cut=sign")
+    reference = args.reference or ("grpo" if "grpo" in variants else variants[0])
+    if args.reference is not None and args.reference not in variants and args.budget is None:
+        raise RecipeError(f"--reference {args.reference!r} is not among --variants ({','.join(variants)})")
+    check_budget_command(args.budget, reference, variants, train_argv, args.budget_points)
     parse_train_args(train_argv)  # fail fast on a bad recipe or field, before any run starts
     for v in variants:
         if "+" in v:
@@ -206,6 +261,8 @@ def cmd_compare(argv: Sequence[str]) -> int:
                 if value is None and not isinstance(getattr(config, switch, getattr(run, switch, None)), bool):
                     raise RecipeError(f"run setting {v!r}: {switch} is not a switch (a boolean d3s train field)")
 
+    per_run = _budget_plan(args, reference, train_argv)
+
     root = Path(args.output_dir)
     claim_root(root)
     try:
@@ -213,9 +270,11 @@ def cmd_compare(argv: Sequence[str]) -> int:
     except OSError as err:
         raise RecipeError(f"--output_dir {str(root)!r} cannot be written ({err.strerror})") from None
     for seed in seeds:  # seeds outermost: a partial comparison already covers every variant
-        for v in variants:
-            run_one(root, v, seed, train_argv, args.keep_checkpoints)
-    summary = summarize(root, variants, seeds)
+        for v in [reference, *(v for v in variants if v != reference)]:  # the reference first: its compute
+            run_one(root, v, seed, per_run(v, run_dir(root, reference, seed)), args.keep_checkpoints)
+    summary = summarize(root, variants, seeds, reference=reference, budget=args.budget is not None)
+    if args.wall_clock_ratios:
+        refuse_mixed_machines(summary)
     command = "d3s compare " + " ".join(argv)
     atomic_write_text(root / "compare.json", json.dumps(summary, indent=2))  # a kill leaves the old one
     md = render_markdown(summary, command)

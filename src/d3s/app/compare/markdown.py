@@ -1,4 +1,4 @@
-"""`compare.md`: the summary of `d3s compare` (`d3s.app.compare_summary`) as markdown tables, one section
+"""`compare.md`: the summary of `d3s compare` (`d3s.app.compare.summary`) as markdown tables, one section
 per question: final accuracy, cost to reach the reference's accuracy (over seeds, then seed by seed), where a
 step's time goes, what generation bought, the runs and the machines they were timed on."""
 
@@ -50,14 +50,18 @@ def _accuracy(summary: dict) -> list[str]:
     rows = [[v, _pct(row["final_accuracy_mean"]), _ci(row["seed_ci95"]), _ci(row["pooled_ci95"]),
              ", ".join(_pct(a) for a in row["final_accuracy_per_seed"]),
              _points(row["diff_to_reference_mean"]) if v != ref else "-",
-             _ci(row["diff_to_reference_ci95"], _points) if v != ref else "-", _pct(row["no_signal_share_mean"])]
+             _ci(row["diff_to_reference_ci95"], _points) if v != ref else "-",
+             _points(row["diff_to_reference_mdd"]) if v != ref and row.get("diff_to_reference_mdd") else "-",
+             _pct(row["no_signal_share_mean"])]
             for v, row in summary["variants"].items()]
     return _section(
         "Final held-out accuracy",
         f"Mean over seeds with a 95% t-interval over seeds (needs 2 seeds) and the 95% Wilson interval of the "
-        f"pooled answers; the difference to {ref} is paired by seed, in percentage points.",
+        f"pooled answers; the difference to {ref} is paired by seed, in percentage points, with the minimum "
+        "detectable difference at this seed count (MDD: 80% power at the 5% level, from the paired SD; a true "
+        "difference below it would usually be missed).",
         ["variant", "final acc (mean)", "95% CI over seeds", "pooled 95% CI", "per seed", f"vs {ref} (points)",
-         "paired 95% CI", "steps with no signal"], rows)
+         "paired 95% CI", "MDD (points)", "steps with no signal"], rows)
 
 
 def _speedup_wall(row: dict) -> str:
@@ -101,22 +105,22 @@ def _cost_per_seed(summary: dict) -> list[str]:
             hit, vs = p["to_target"], p.get("to_target_vs_reference")
             if hit is None:
                 rows.append([v, str(p["seed"]), f"not reached ({_pct(p['final_accuracy'])} at the end)", "-", "-", "-",
-                             "-"])
+                             "-", "-"])
                 continue
             rows.append([v, str(p["seed"]), str(hit["step"]), _minutes(hit["wall_s"]),
                          f"{_share(vs['wall_share'])} of {_minutes(ref_runs[p['seed']]['train_wall_s'])}"
                          if vs["same_machine"] else wall_not_compared(vs["same_machine"]),
-                         _share(vs["computed_share"]), _TIMED_ON[vs["same_machine"]]])
+                         _share(vs["computed_share"]), _share(vs.get("flops_share")), _TIMED_ON[vs["same_machine"]]])
     if not rows:
         return []
     return _section(
         f"Cost to reach {ref}'s final accuracy, seed by seed",
         f"Each run's training wall-clock and positions computed to the target, as a share of the same seed's whole "
-        f"{ref} run. A wall-clock share compares two timings: it is given only when both runs were timed on one "
+        f"{ref} run (FLOPs: estimated model FLOPs, generation included; docs/compare.md). A wall-clock share compares two timings: it is given only when both runs were timed on one "
         "machine (as recorded with each run: CPU vendor, model, family, stepping, flags, logical CPUs); positions "
         "computed do not depend on the machine.",
         ["variant", "seed", "step reached", "wall-clock to target", f"share of {ref}'s training wall-clock",
-         f"share of {ref}'s positions computed", "timed on"], rows)
+         f"share of {ref}'s positions computed", f"share of {ref}'s FLOPs", "timed on"], rows)
 
 
 def _step_time(summary: dict) -> list[str]:
@@ -197,6 +201,56 @@ def _notes(summary: dict) -> list[str]:
     return lines
 
 
+def _shown(ci, fmt=_points) -> str:
+    """A paired interval, and "not shown" where it includes zero."""
+    if ci is None:
+        return "-"
+    return _ci(ci, fmt) + (" (not shown)" if ci[0] <= 0 <= ci[1] else "")
+
+
+def _budget(summary: dict) -> list[str]:
+    """The compute-matched race: accuracy at the reference's compute, area under the curve, compute to target."""
+    ref = summary["reference"]
+    if summary.get("mode") != "budget":
+        return []
+    rows, seeds = [], []
+    for v, row in summary["variants"].items():
+        b = row["budget"]
+        per = b["per_seed"]
+        accs = [p["accuracy_at_budget"] for p in per.values()]
+        reached = f"{b['seeds_reaching_target']}/{len(per)} ({b['seeds_reaching_target_early']} by {b['early_share']:.1f})"
+        mine = v != ref
+        rows.append([v, _pct(sum(accs) / len(accs)), _points(b["diff_at_budget_mean"]) if mine else "-",
+                     _shown(b["diff_at_budget_ci"]) if mine else "-",
+                     _points(b["diff_at_budget_mdd"]) if mine and b["diff_at_budget_mdd"] is not None else "-",
+                     _pct(b["probability_of_improvement"]) if mine else "-",
+                     _points(b["auc_diff_mean"]) if mine and b["auc_diff_mean"] is not None else "-",
+                     _shown(b["auc_diff_ci"]) if mine else "-", reached,
+                     _share(b["compute_to_target_median"])])
+        for s, p in per.items():
+            seeds.append([v, s, _pct(p["accuracy_at_budget"]), _pct(p["auc"]), _share(p["compute_to_target"]),
+                          _share(p["share_spent"]), p["stopped_by"] or "-", _minutes(p["wall_s"])])
+    n = len(summary["seeds"])
+    table = _section(
+        f"At {ref}'s compute (the headline)",
+        f"Every variant trained on the estimated model FLOPs of the same seed's {ref} run (docs/compare.md), its "
+        "learning rate and N/K schedule over the share of them spent, evaluated at the same compute shares. Paired "
+        f"by seed against {ref}, in points: the mean difference with its 95% t-interval over {n} seeds ('not "
+        "shown' where it includes zero), the minimum detectable difference at this seed count (80% power), the "
+        "share of seeds it beat the reference (ties half); the area under accuracy against compute share (the mean "
+        f"accuracy over the budget); and the seeds that reached the same seed's {ref} final accuracy and stayed "
+        "there, with how many did by the share in brackets, and the median compute share they needed.",
+        ["variant", "acc at budget", f"vs {ref}", "paired 95% CI", "MDD", "P(better)", "AUC vs ref", "AUC 95% CI",
+         "reached and held", "median compute to target"], rows)
+    per_seed = _section(
+        f"At {ref}'s compute, seed by seed",
+        f"Compute shares are of the same seed's {ref} run; 'spent' is where the run stopped (the step boundary "
+        "nearest the budget), 'stopped by' what ended it (max_steps: the cap on steps came first).",
+        ["variant", "seed", "acc at budget", "AUC", "compute to target", "spent", "stopped by", "training wall-clock"],
+        seeds)
+    return [*table, "", *per_seed]
+
+
 def render_markdown(summary: dict, command: str) -> str:
     """`compare.md`: the sections above, under a title naming the seeds and the command."""
     seeds = summary["seeds"]
@@ -205,8 +259,10 @@ def render_markdown(summary: dict, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        *_accuracy(summary),
     ]
+    budget = _budget(summary)
+    lines += [*budget, ""] if budget else []
+    lines += _accuracy(summary)
     for section in (_cost, _cost_per_seed, _step_time, _generation, _runs):
         body = section(summary)
         if body:

@@ -1,0 +1,145 @@
+"""`d3s compare --budget reference`: every variant on the compute of the same seed's reference run. The budget
+summary on synthetic runs against a hand computation; a real comparison end to end (budgets, evaluation shares,
+tables, reuse); and the inputs it refuses in one line."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from d3s import cli
+from d3s.app.compare.budget import budget_argv, budget_summary, curve
+from d3s.app.compare.command import refuse_mixed_machines
+from d3s.app.errors import RecipeError
+from d3s.app.intervals import mean_interval
+from d3s.app.machine import machine_description
+
+# ---------------------------------------------------------------------------------------------
+# The summary, by hand
+# ---------------------------------------------------------------------------------------------
+
+
+def _run(seed: int, flops: float, points: list[tuple[float, float]]) -> dict:
+    """A run as `summary._load_run` gives it: evaluations at cumulative FLOPs `points` [(flops, accuracy)], the
+    first at step 0, the last the final one."""
+    records = [{"type": "eval", "step": i * 10, "flops": f, "accuracy": a} for i, (f, a) in enumerate(points)]
+    return {"seed": seed, "records": records,
+            "summary": {"after": {"accuracy": points[-1][1]}, "flops": flops, "train_wall_s": 60.0,
+                        "budget": {"stopped_by": "budget"}}}
+
+
+def test_budget_summary_by_hand():
+    F = 100.0
+    runs = {
+        "grpo": [_run(1, F, [(0, 0.4), (50, 0.5), (F, 0.6)]), _run(2, F, [(0, 0.4), (50, 0.7), (F, 0.6)])],
+        # seed 1: reaches 0.6 at 0.3 and stays; seed 2: touches 0.6 at 0.3, falls, holds only from 1.02
+        "d3s": [_run(1, 98.0, [(0, 0.4), (30, 0.6), (60, 0.65), (98, 0.7)]),
+                _run(2, 102.0, [(0, 0.4), (30, 0.6), (60, 0.5), (102, 0.62)])],
+    }
+    out = budget_summary(runs, "grpo")
+    d3s = out["d3s"]
+    seed1, seed2 = d3s["per_seed"]["1"], d3s["per_seed"]["2"]
+    assert seed1["compute_to_target"] == pytest.approx(0.3)
+    assert seed2["compute_to_target"] == pytest.approx(1.02)
+    # areas: trapezoids over [0, 1]; seed 1 ends at 0.98 and stays flat to 1, seed 2 is cut at 1 (interpolated)
+    auc1 = 0.3 * (0.4 + 0.6) / 2 + 0.3 * (0.6 + 0.65) / 2 + 0.38 * (0.65 + 0.7) / 2 + 0.02 * 0.7
+    at1 = 0.5 + (0.62 - 0.5) * (1.0 - 0.6) / (1.02 - 0.6)
+    auc2 = 0.3 * (0.4 + 0.6) / 2 + 0.3 * (0.6 + 0.5) / 2 + 0.4 * (0.5 + at1) / 2
+    assert seed1["auc"] == pytest.approx(auc1) and seed2["auc"] == pytest.approx(auc2)
+    ref_auc = [0.5 * (0.4 + 0.5) / 2 + 0.5 * (0.5 + 0.6) / 2, 0.5 * (0.4 + 0.7) / 2 + 0.5 * (0.7 + 0.6) / 2]
+    diffs = [0.7 - 0.6, 0.62 - 0.6]
+    assert d3s["diff_at_budget_mean"] == pytest.approx(statistics.mean(diffs))
+    assert d3s["diff_at_budget_ci"] == pytest.approx(list(mean_interval(diffs)))
+    assert d3s["auc_diff_mean"] == pytest.approx(statistics.mean([auc1 - ref_auc[0], auc2 - ref_auc[1]]))
+    assert d3s["probability_of_improvement"] == 1.0
+    assert (d3s["seeds_reaching_target"], d3s["seeds_reaching_target_early"]) == (2, 1)
+    assert out["grpo"]["diff_at_budget_ci"] is None and out["grpo"]["per_seed"]["1"]["share_spent"] == 1.0
+    assert curve(runs["d3s"][0]["records"], F) == [(0.0, 0.4), (0.3, 0.6), (0.6, 0.65), (0.98, 0.7)]
+
+
+def test_wall_clock_ratios_from_different_machines_are_refused_in_one_line():
+    here = machine_description(None)
+    summary = {"reference": "grpo", "variants": {
+        "grpo": {"per_seed": [{"seed": 1, "machine": here}]},
+        "d3s": {"per_seed": [{"seed": 1, "machine": {**here, "cpu_model": -1}}]}}}
+    with pytest.raises(RecipeError) as err:
+        refuse_mixed_machines(summary)
+    assert "d3s-seed1" in str(err.value) and "\n" not in str(err.value)
+    summary["variants"]["d3s"]["per_seed"][0]["machine"] = here
+    refuse_mixed_machines(summary)
+
+
+# ---------------------------------------------------------------------------------------------
+# A comparison end to end
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("D3S_CACHE", str(tmp_path / "cache"))
+
+
+def _records(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_budgeted_comparison_trains_every_variant_on_the_reference_compute(tmp_path, _cache, capfd):
+    pytest.importorskip("trl")
+    root = tmp_path / "race"
+    argv = ["compare", "--config", "smoke", "--variants", "d3s,grpo", "--seeds", "1", "--budget", "reference",
+            "--budget_points", "4", "--output_dir", str(root), "--plots", "false"]
+    assert cli.main(argv) == 0
+    ref, run = root / "grpo-seed1", root / "d3s-seed1"
+    ref_summary, summary = (json.loads((f / "summary.json").read_text()) for f in (ref, run))
+    assert [r["step"] for r in _records(ref) if r["type"] == "eval"] == [0, 1, 2, 3, 4]  # every 4 // 4 steps
+    config = json.loads((run / "run_config.json").read_text())
+    assert config["run"]["compute_budget"] == ref_summary["flops"]
+    assert config["trainer"]["max_steps"] == 8 * 4
+    shares = [float(s) for s in config["run"]["budget_eval_shares"].split(",")]
+    ref_evals = [r["flops"] / ref_summary["flops"] for r in _records(ref) if r["type"] == "eval" and 0 < r["step"] < 4]
+    assert shares == pytest.approx(ref_evals, abs=1e-6)
+    assert summary["budget"]["stopped_by"] == "budget" and abs(summary["budget"]["share"] - 1) < 0.5
+    result = json.loads((root / "compare.json").read_text())
+    assert result["mode"] == "budget" and result["reference"] == "grpo"
+    b = result["variants"]["d3s"]["budget"]
+    assert b["unit"] == "flops" and set(b["per_seed"]) == {"1"}
+    assert b["per_seed"]["1"]["flops"] == summary["flops"]
+    assert b["per_seed"]["1"]["accuracy_at_budget"] == summary["after"]["accuracy"]
+    for key in ("diff_at_budget_mean", "diff_at_budget_ci", "auc_diff_mean", "auc_diff_ci"):
+        assert key in b
+    assert "At grpo's compute (the headline)" in (root / "compare.md").read_text()
+    capfd.readouterr()
+    assert cli.main(argv) == 0  # the same command again reuses every run
+    err = capfd.readouterr().err
+    assert err.count("reusing") == 2 and "running" not in err
+    assert budget_argv(ref)[:2] == ["--compute_budget", repr(ref_summary["flops"])]
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--budget", "equal"], "--budget 'equal'"),
+    (["--budget", "reference", "--reference", "d1s-c"], "--reference 'd1s-c'"),
+    (["--reference", "d1s-c"], "--reference 'd1s-c'"),
+    (["--budget", "reference", "--budget_points", "0"], "--budget_points 0"),
+    (["--budget", "reference", "--eval_every", "3"], "--eval_every"),
+    (["--budget", "reference", "--compute_budget", "1e9"], "--compute_budget"),
+    (["--compute_budget", "1e9"], "--compute_budget"),
+    (["--budget", "reference", "--max_steps", "-1"], "max_steps >= 1"),
+])
+def test_a_budget_mode_that_cannot_run_is_refused_in_one_line(tmp_path, capsys, extra, named):
+    argv = ["compare", "--config", "smoke", "--variants", "grpo,d3s", "--seeds", "1", "--output_dir",
+            str(tmp_path / "c"), *extra]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_max_steps_for_a_budgeted_variant_is_refused(tmp_path, capsys):
+    argv = ["compare", "--config", "smoke", "--variants", "grpo,d3s+max_steps=9", "--seeds", "1", "--budget",
+            "reference", "--output_dir", str(tmp_path / "c")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "d3s+max_steps=9" in err and "max_steps" in err and len(err.splitlines()) == 1
