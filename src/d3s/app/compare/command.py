@@ -12,8 +12,8 @@ variant with those switches (boolean `d3s train` fields) on and fields set: `d3s
 in its own process. A finished run (a valid `summary.json`) is reused, an unfinished one is
 resumed from its last checkpoint — rerun the same command after an interruption. Once a run has
 finished, also when reused, its checkpoints are pruned (`--keep_checkpoints`: by default only the final model
-stays, without the optimizer state a resume needs), so that a campaign of many runs does not fill the disk. A campaign can be
-split over days or machines: point `--output_dir` at a folder of committed runs and the same command
+stays, without the optimizer state a resume needs), so that a campaign of many runs does not fill the disk. A
+campaign can be split over days or machines: point `--output_dir` at a folder of committed runs and the same command
 finishes it. A finished run is reused only if its recorded recipe trains what this command would
 (`run_config.json`; else an error names the differences); the code version of every run is shown.
 
