@@ -568,7 +568,7 @@ def test_a_run_ignores_a_ctrl_c_once_it_has_ended(tmp_path):
                              "--output_dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     wait_for((out / "summary.json").is_file, proc)
-    time.sleep(0.1)  # its last line is said: the process is exiting
+    time.sleep(0.3)  # its last line is said: the process is exiting
     if proc.poll() is not None:
         pytest.skip("the run had exited before the signal")
     os.killpg(proc.pid, signal.SIGINT)
