@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from d3s.app.intervals import mean_interval
-from d3s.app.runfolder import TIME_PREFIX, read_run_records, read_summary
+from d3s.app.runfiles import TIME_PREFIX, read_run_records, read_summary
 
 COUNTS = ("d3s/groups_generated", "d3s/signal_groups", "d3s/flat_groups_generated", "d3s/prompts_skipped",
           "d3s/prompts_unfilled", "d3s/generation_rounds", "d3s/no_signal_step")

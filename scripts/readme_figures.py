@@ -29,7 +29,7 @@ from pathlib import Path
 from d3s.app.compare.summary import _reach, _run_machine, run_dir
 from d3s.app.machine import same_machine
 from d3s.app.intervals import mean_interval
-from d3s.app.runfolder import read_run_records
+from d3s.app.runfiles import read_run_records
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results"

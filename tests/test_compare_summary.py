@@ -12,7 +12,7 @@ import pytest
 from d3s.app.compare.markdown import render_markdown
 from d3s.app.compare.summary import summarize
 from d3s.app.intervals import mean_interval, wilson_interval
-from d3s.app.runfolder import no_signal_share
+from d3s.app.runfiles import no_signal_share
 
 
 def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1.0, 0.0), times=None):
@@ -27,9 +27,15 @@ def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1
             records.append({"type": "eval", "step": step, "wall_s": 60.0 * step, "trained_tokens": 10.0 * step,
                             "accuracy": curve[step // 2]})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    summary = {"after": {"accuracy": final, "correct": round(final * 200), "n": 200}, "before": {"accuracy": 0.4},
+    summary = {"steps": 4, "after": {"accuracy": final, "correct": round(final * 200), "n": 200},
+               "before": {"accuracy": 0.4},
                "train_wall_s": 240.0, "trained_tokens": 40.0, "code_version": version}
     (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def _run_config(machine: dict) -> dict:
+    """A run's `run_config.json` with the machine it was timed on (its settings do not matter here)."""
+    return {"run": {}, "trainer": {}, "machine": machine}
 
 
 def test_t_interval_against_the_closed_form():
@@ -173,7 +179,7 @@ def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_
         _write_run(tmp_path / f"d3s-seed{seed}", curves[seed][-1], curves[seed])
         for name, m in (("grpo", ref_machine), ("d3s", machine)):
             if m is not None:
-                (tmp_path / f"{name}-seed{seed}" / "run_config.json").write_text(json.dumps({"machine": m}))
+                (tmp_path / f"{name}-seed{seed}" / "run_config.json").write_text(json.dumps(_run_config(m)))
     summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2, 3, 4, 5])
     per_seed = {p["seed"]: p for p in summary["variants"]["d3s"]["per_seed"]}
     assert per_seed[1]["to_target_vs_reference"] == {"wall_share": 0.5, "computed_share": 0.5, "flops_share": None,
@@ -208,6 +214,6 @@ def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_
 def test_one_machine_and_no_second_variant_add_no_notes(tmp_path):
     for seed in (1, 2):
         _write_run(tmp_path / f"grpo-seed{seed}", 0.6, [0.4, 0.5, 0.6])
-        (tmp_path / f"grpo-seed{seed}" / "run_config.json").write_text(json.dumps({"machine": _XEON}))
+        (tmp_path / f"grpo-seed{seed}" / "run_config.json").write_text(json.dumps(_run_config(_XEON)))
     md = render_markdown(summarize(tmp_path, ["grpo"], [1, 2]), "d3s compare ...")
     assert "seed by seed" not in md and "not all timed on one machine" not in md

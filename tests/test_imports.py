@@ -20,16 +20,16 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # from its own layer or lower ones, and within a layer without cycles.
 APP_LAYERS = {
     "errors": ["d3s.app.errors"],
-    "shared": ["d3s.app.datafiles", "d3s.app.scoring", "d3s.app.intervals", "d3s.app.options", "d3s.app.runfolder",
-               "d3s.app.machine", "d3s.app.budget",
+    "shared": ["d3s.app.datafiles", "d3s.app.scoring", "d3s.app.intervals", "d3s.app.options", "d3s.app.runfiles",
+               "d3s.app.runfolder", "d3s.app.child_process", "d3s.app.machine", "d3s.app.budget",
                "d3s.app.models", "d3s.app.plots"],
     "tasks": ["d3s.app.tasks"],
     "recipe": ["d3s.app.recipe", "d3s.app.run_args"],
     "evaluation": ["d3s.app.evaluation.aggregate", "d3s.app.evaluation.benchmarks",
                    "d3s.app.evaluation.prompts", "d3s.app.evaluation.generation", "d3s.app.evaluation.report",
                    "d3s.app.evaluation.heldout", "d3s.app.evaluation.cache"],
-    "jobs": ["d3s.app.evaluation.runner", "d3s.app.evaluation", "d3s.app.run_trainer", "d3s.app.train",
-             "d3s.app.compare.summary",
+    "jobs": ["d3s.app.evaluation.runner", "d3s.app.evaluation", "d3s.app.run_trainer", "d3s.app.resume",
+             "d3s.app.train", "d3s.app.compare.summary",
              "d3s.app.compare.markdown", "d3s.app.compare.stats", "d3s.app.compare.budget", "d3s.app.compare.command", "d3s.app.compare"],
     "cli": ["d3s.app.cli", "d3s.app.__main__", "d3s.app"],
 }

@@ -15,12 +15,18 @@ def _module():
     return module
 
 
+def _summary(final: float, train_wall_s: float, steps: int) -> dict:
+    """A valid `summary.json` (`d3s.app.runfiles.SUMMARY_FIELDS`) with the numbers the report reads."""
+    return {"steps": steps, "before": {}, "after": {"accuracy": final, "correct": round(final * 100), "n": 100},
+            "train_wall_s": train_wall_s, "trained_tokens": 0.0}
+
+
 def _run(root, name, seed, final, train_wall_s, steps, evals=()):
     """A finished run folder: `steps` = [(generation s, groups generated, groups with signal, flat generated,
     prompts skipped)], `evals` = [(step, accuracy, wall_s)]."""
     folder = root / f"{name}-seed{seed}"
     folder.mkdir()
-    (folder / "summary.json").write_text(json.dumps({"after": {"accuracy": final}, "train_wall_s": train_wall_s}))
+    (folder / "summary.json").write_text(json.dumps(_summary(final, train_wall_s, len(steps))))
     rows = [{"type": "eval", "step": 0, "accuracy": 0.1, "wall_s": 0.0}]
     for i, (seconds, generated, signal, flat, skipped) in enumerate(steps, 1):
         rows.append({"type": "train", "step": i, "d3s/time/generation": seconds, "d3s/groups_generated": generated,
@@ -73,7 +79,7 @@ def test_report_refuses_a_missing_baseline_and_old_records(tmp_path):
     old = tmp_path / "old"
     old.mkdir()
     (old / "grpo-seed1").mkdir()
-    (old / "grpo-seed1" / "summary.json").write_text(json.dumps({"after": {"accuracy": 0.1}, "train_wall_s": 1.0}))
+    (old / "grpo-seed1" / "summary.json").write_text(json.dumps(_summary(0.1, 1.0, 1)))
     (old / "grpo-seed1" / "metrics.jsonl").write_text(json.dumps({"type": "train", "step": 1, "loss": 0.0}) + "\n")
     with pytest.raises(SystemExit, match="no generation metrics"):
         m.report(old, "grpo", None)

@@ -520,6 +520,10 @@ def test_a_resume_does_not_report_tied_weights_as_missing(full_run, tmp_path, ca
 # ---------------------------------------------------------------------------------------------
 
 
+FINISHED = {"steps": 20, "before": {}, "after": {"accuracy": 0.5, "correct": 8, "n": 16}, "train_wall_s": 1.0,
+            "trained_tokens": 10.0}  # the fields of a valid summary.json (`d3s.app.runfiles.SUMMARY_FIELDS`)
+
+
 def _fake_checkpoints(out: Path, steps=(10, 20)) -> None:
     for step in steps:
         ckpt = out / f"checkpoint-{step}"
@@ -537,7 +541,7 @@ def _fake_checkpoints(out: Path, steps=(10, 20)) -> None:
 def test_a_finished_run_keeps_what_keep_checkpoints_says(tmp_path, keep, left, freed):
     out = tmp_path / "run"
     _fake_checkpoints(out)
-    (out / "summary.json").write_text("{}")
+    (out / "summary.json").write_text(json.dumps(FINISHED))
     assert prune_checkpoints(out, keep) == freed
     assert {p.name: len(list(p.iterdir())) for p in out.glob("checkpoint-*")} == left
     if keep == "model":

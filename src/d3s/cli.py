@@ -1,8 +1,8 @@
 """`python -m d3s.cli` and `d3s.cli.main`: the `d3s` command, which lives in `d3s.app.cli`."""
 
-import sys
+from d3s.app.cli import main, run
 
-from d3s.app.cli import main
+__all__ = ["main", "run"]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -16,11 +16,12 @@ Every subcommand's options are the fields of its dataclasses, spelled as the fie
 
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from d3s.app.compare import cmd_compare
 from d3s.app.errors import UsageError
@@ -146,5 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> NoReturn:
+    """The `d3s` console script and `python -m d3s.cli`: `main`, then exit with its status. A Ctrl-C after the
+    command has said how it ended is ignored: it would interrupt the interpreter's shutdown (torch's exit
+    handlers) with a traceback."""
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

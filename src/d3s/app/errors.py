@@ -14,6 +14,10 @@ class RecipeError(UsageError):
     """A recipe or command line that cannot be used; the message is one line for the user."""
 
 
+class RunFolderError(RecipeError):
+    """A run's output folder or one of its files that cannot be used as asked; the message is one line for the user."""
+
+
 class ModelLoadError(UsageError):
     """A model that cannot be found or loaded (a folder that does not exist, weights d3s will not load)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from d3s.app.runfolder import read_run_records, with_computed_tokens
+from d3s.app.runfiles import read_run_records, with_computed_tokens
 
 # (record key, panel title, x axis)
 _PANELS = [

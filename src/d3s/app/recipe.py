@@ -94,7 +94,7 @@ def _check_known(keys: Sequence[str], where: str) -> None:
             raise RecipeError(f"unknown field {key!r} in {where}{hint} (`d3s train --help` lists every field)")
 
 
-def _take_config(argv: list[str]) -> tuple[list[str], str]:
+def take_config(argv: list[str]) -> tuple[list[str], str]:
     """`(argv without it, the recipe)` of `--config RECIPE` or `--config=RECIPE`, given at most once."""
     at = [i for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")]
     if not at:
@@ -308,7 +308,7 @@ def parse_train_args(argv: Sequence[str], *, defaults: dict[str, Any] | None = N
     """
     from d3s.integrations.trl import D3SConfig
 
-    argv, recipe_name = _take_config(list(argv))
+    argv, recipe_name = take_config(list(argv))
     recipe = load_recipe(recipe_name)
     recipe.pop("env", None)
     where = str(recipe_path(recipe_name))

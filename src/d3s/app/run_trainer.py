@@ -302,7 +302,7 @@ class RunTrainer(D3SGRPOTrainer):
 
 
 class RunCallback(TrainerCallback):
-    """JSONL records (through `run_log`, a `d3s.app.train.RunLog`), the progress bar and the held-out
+    """JSONL records (through `run_log`, a `d3s.app.runfiles.RunLog`), the progress bar and the held-out
     evaluation (`evaluate()`) every `eval_every` steps. Records only; no control."""
 
     def __init__(self, run_log: Any, evaluate: Callable[[], dict], eval_every: int, budget: Budget | None = None):

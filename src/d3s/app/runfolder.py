@@ -7,7 +7,8 @@ What a run guarantees about its folder (docs/reliability.md says how each is tes
   file in it is touched. While the run lives it holds an exclusive `flock` on `.d3s-run.lock`, so
   a second run into the same folder is refused; the OS drops the lock when the process dies, so a
   crashed or killed run never leaves it stuck.
-- its records are replaced atomically (`atomic_write_text`: a temporary file, fsync, rename).
+- its records are replaced atomically (`d3s.app.runfiles`: a temporary file, fsync, rename); a run file that
+  exists and cannot be used is damaged, the same for every reader (`read_summary`, `read_run_config`).
 - a checkpoint is written into `.staging/checkpoint-N` and renamed into place once complete, so a
   kill during a save leaves no half `checkpoint-N` (see `d3s.app.run_trainer`), and `complete_checkpoints`
   checks every file a resume needs before it is used, newest first. A checkpoint that passes these checks
@@ -31,16 +32,13 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import d3s
-from d3s.app.errors import RecipeError
+from d3s.app.errors import RecipeError, RunFolderError
+from d3s.app.runfiles import fsync_dir, read_run_config, read_summary
 
 LOCK_NAME = ".d3s-run.lock"
 STAGING_NAME = ".staging"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 _IGNORED_ENTRIES = {".DS_Store"}  # a file manager's, not the user's
-
-
-class RunFolderError(RecipeError):
-    """The output folder cannot be used as asked; the message is one line for the user."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,21 +48,16 @@ class RunFolderError(RecipeError):
 
 def is_run_folder(path: Path) -> bool:
     """Whether `path` holds a d3s run: its lock file, or the `run_config.json` every run writes first (a JSON
-    object with the run's and the trainer's settings; a file of another program by that name is not one)."""
-    if (path / LOCK_NAME).is_file():
-        return True
-    try:
-        saved = json.loads((path / "run_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(saved, dict) and {"run", "trainer"} <= set(saved)
+    object with the run's and the trainer's settings, `read_run_config`; a file of another program by that
+    name is not one)."""
+    return (path / LOCK_NAME).is_file() or read_run_config(path)[0] is not None
 
 
 class RunLock:
     """An exclusive `flock` on `<folder>/.d3s-run.lock`, held until `release()` or the process dies."""
 
-    def __init__(self, fd: int | None):
-        self.fd = fd
+    def __init__(self, fd: int | None, folder: Path):
+        self.fd, self.folder = fd, Path(folder).resolve()
 
     def release(self) -> None:
         if self.fd is not None:
@@ -72,33 +65,13 @@ class RunLock:
             self.fd = None
 
 
-def claim_folder(out: Path) -> RunLock:
-    """Take `out` for a run: refuse a file, an unwritable folder, a non-empty folder that is not a d3s run,
-    and a folder another live run holds. Creates `out` when missing. Nothing in a refused folder is touched."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise RunFolderError(f"output_dir {str(out)!r} is a file; give a folder (new, empty, or a d3s run's)")
-    if out.is_dir():
-        try:
-            entries = sorted(p.name for p in out.iterdir() if p.name not in _IGNORED_ENTRIES)
-        except OSError as err:
-            raise RunFolderError(f"output_dir {str(out)!r} cannot be read ({err.strerror})") from None
-        if entries and not is_run_folder(out):
-            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-            raise RunFolderError(
-                f"output_dir {str(out)!r} is not empty ({len(entries)} entr{'y' if len(entries) == 1 else 'ies'}: "
-                f"{shown}) and holds no d3s run; "
-                "d3s train writes only into a new or empty folder or its own run's: pick another --output_dir"
-            )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({err.strerror})") from None
+def _lock(fd: int, out: Path) -> RunLock:
+    """Take the flock of the open lock file `fd` of `out` and write this process into it; refuse (closing
+    `fd`) when another live run holds it, naming that run."""
     try:
         import fcntl
-    except ImportError:  # pragma: no cover - Windows: no flock; the folder checks above still apply
-        return RunLock(fd)
+    except ImportError:  # pragma: no cover - Windows: no flock; the folder checks still apply
+        return RunLock(fd, out)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -116,37 +89,54 @@ def claim_folder(out: Path) -> RunLock:
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    return RunLock(fd)
+    return RunLock(fd, out)
+
+
+def lock_existing_run(out: Path) -> RunLock | None:
+    """The lock of `out` when the folder already has a lock file (a run's), taken; None when it has none or
+    it cannot be opened for writing (`claim_folder` then says why). Creates nothing, and needs no heavy
+    import: `d3s train` calls it first, so that a folder in use is refused at once (a run on a loaded machine
+    took minutes to import torch's frameworks before it was told)."""
+    out = Path(out)
+    try:
+        fd = os.open(out / LOCK_NAME, os.O_RDWR)
+    except OSError:
+        return None
+    return _lock(fd, out)
+
+
+def claim_folder(out: Path, held: RunLock | None = None) -> RunLock:
+    """Take `out` for a run: refuse a file, an unwritable folder, a non-empty folder that is not a d3s run,
+    and a folder another live run holds. Creates `out` when missing. Nothing in a refused folder is touched.
+    `held`: the lock of `out` when the caller took it already (`lock_existing_run`)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RunFolderError(f"output_dir {str(out)!r} is a file; give a folder (new, empty, or a d3s run's)")
+    if out.is_dir():
+        try:
+            entries = sorted(p.name for p in out.iterdir() if p.name not in _IGNORED_ENTRIES)
+        except OSError as err:
+            raise RunFolderError(f"output_dir {str(out)!r} cannot be read ({err.strerror})") from None
+        if entries and not is_run_folder(out):
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise RunFolderError(
+                f"output_dir {str(out)!r} is not empty ({len(entries)} entr{'y' if len(entries) == 1 else 'ies'}: "
+                f"{shown}) and holds no d3s run; "
+                "d3s train writes only into a new or empty folder or its own run's: pick another --output_dir"
+            )
+    if held is not None and held.fd is not None and held.folder == out.resolve():
+        return held
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({err.strerror})") from None
+    return _lock(fd, out)
 
 
 # ---------------------------------------------------------------------------------------------
-# Atomic files
+# Atomic folders (files: `d3s.app.runfiles.atomic_write_text`)
 # ---------------------------------------------------------------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms that cannot open a folder
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` by `text` so that a reader (or a kill) sees the old file or the new one, never a part."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def publish_folder(staged: Path, final: Path) -> None:
@@ -165,7 +155,7 @@ def publish_folder(staged: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(staged, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -326,25 +316,6 @@ def prune_checkpoints(out: Path, keep: str) -> int:
     return freed
 
 
-def read_summary(out: Path) -> tuple[dict | None, str | None]:
-    """`(summary, problem)` of a run's `summary.json`, which marks it finished: the summary when it is a valid
-    one, else None and, when the file exists, why it is not (one short phrase)."""
-    path = Path(out) / "summary.json"
-    if not path.is_file():
-        return None, None
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        return None, "not UTF-8"
-    except ValueError as err:
-        return None, f"not valid JSON: {err}"
-    except OSError as err:
-        return None, f"cannot be read: {err.strerror}"
-    if not isinstance(summary, dict):
-        return None, f"not a run summary: a JSON {type(summary).__name__}"
-    return summary, None
-
-
 # ---------------------------------------------------------------------------------------------
 # Resume: which recipe changes may continue a run
 # ---------------------------------------------------------------------------------------------
@@ -438,150 +409,3 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return version
     return f"{version}+g{commit.stdout.strip()}" + (".dirty" if dirty.stdout.strip() else "")
-
-
-# ---------------------------------------------------------------------------------------------
-# Records
-# ---------------------------------------------------------------------------------------------
-
-
-RECORD_FIELDS = ("type", "step", "wall_s", "trained_tokens", "generated_tokens", "computed_tokens", "flops")
-"""The fields every record of `metrics.jsonl` starts with (`flops` since it was counted); an `eval` record adds the
-evaluation's result."""
-
-
-def eval_result(record: dict) -> dict:
-    """The held-out result an `eval` record holds (accuracy, counts, interval), without the record's fields."""
-    return {k: v for k, v in record.items() if k not in RECORD_FIELDS}
-
-
-def read_run_records(path: Path, *, warn=None) -> list[dict]:
-    """The records of a `metrics.jsonl`. A cut-off LAST line (a kill during its write) is dropped, with a
-    note through `warn(message)`; any other line that is not a record is an error naming file and line."""
-    path = Path(path)
-    try:
-        lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
-    except OSError as err:
-        raise RunFolderError(f"{path} cannot be read ({err.strerror})") from None
-    records = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            rec = None
-        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec.get("type") in ("train", "eval")):
-            if not any(rest.strip() for rest in lines[i:]):
-                if warn is not None:
-                    warn(f"{path} line {i} is cut off (a write was interrupted); that record is dropped")
-                break
-            raise RunFolderError(f"{path} line {i} is not a d3s record (JSON with 'type' and 'step'); "
-                                 "remove or repair that line")
-        records.append(rec)
-    return records
-
-
-def with_computed_tokens(records: list[dict]) -> list[dict]:
-    """Records with the cumulative `computed_tokens` (training-forward positions so far). Runs recorded
-    before `d3s train` wrote it get it summed here from each step's `d3s/tokens_computed`."""
-    if all("computed_tokens" in r for r in records):
-        return records
-    total, out = 0.0, []
-    for r in records:
-        if r.get("type") == "train":
-            total += r.get("d3s/tokens_computed") or 0.0
-        out.append({**r, "computed_tokens": total})
-    return out
-
-
-TIME_PREFIX = "d3s/time/"
-"""A record's `d3s/time/<part>` fields: the seconds of one part of a training step, as the trainer timed and
-named them (`d3s.integrations.trl` logs them; together they add up to `step_time`)."""
-
-
-def step_parts(records: list[dict]) -> list[str]:
-    """The timed parts of a training step that `records` carry, in the order they first appear."""
-    parts: dict[str, None] = {}
-    for r in records:
-        parts.update((key[len(TIME_PREFIX):], None) for key in r if key.startswith(TIME_PREFIX))
-    return list(parts)
-
-
-def step_seconds(records: list[dict]) -> dict[str, float] | None:
-    """Mean seconds per training step: `step` (TRL's `step_time`: the micro-batches' work, generation included,
-    the optimizer update not) and each timed part the records carry. None without train records."""
-    train = [r for r in records if r.get("type") == "train"]
-    out = {}
-    for name, key in (("step", "step_time"), *((p, TIME_PREFIX + p) for p in step_parts(train))):
-        values = [r[key] for r in train if r.get(key) is not None]
-        if values:
-            out[name] = sum(values) / len(values)
-    return out or None
-
-
-def no_signal_share(records: list[dict]) -> float | None:
-    """Share of training steps in which every group had equal rewards: their gradient is zero for every variant.
-
-    Read from `d3s/no_signal_step` (the groups handed on to training, after `dynamic_sampling`) where the
-    records have it, else from TRL's `frac_reward_zero_std` = 1."""
-    flags = [r.get("d3s/no_signal_step") for r in records if r.get("type") == "train"]
-    flags = [f for f in flags if f is not None]
-    if flags:
-        return sum(f > 0.5 for f in flags) / len(flags)
-    steps = [r.get("frac_reward_zero_std") for r in records if r.get("type") == "train"]
-    steps = [s for s in steps if s is not None]
-    return sum(s >= 1.0 - 1e-9 for s in steps) / len(steps) if steps else None
-
-
-def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_final, token_cut: str,
-                      max_grad_norm: float | None, keep_last_in_loss: bool = False) -> dict[str, Any] | None:
-    """What `summary.json` says of the token cut and the update size: median tokens in the loss per kept rollout,
-    the share of one-sided steps (`d3s/one_sided`), of steps whose gradient norm was clipped (`grad_norm`, logged
-    before clipping, above `max_grad_norm`), and the token cut's warnings (`d3s.metrics.token_cut_warnings`).
-    None without train records."""
-    import statistics
-
-    from d3s.metrics import token_cut_warnings
-
-    train = [r for r in records if r.get("type") == "train"]
-    if not train:
-        return None
-
-    def values(key):
-        return [r[key] for r in train if r.get(key) is not None]
-
-    per_rollout, one_sided, norms = values("d3s/tokens_per_kept_rollout"), values("d3s/one_sided"), values("grad_norm")
-    warnings = {}
-    if token_selection:
-        warnings = token_cut_warnings(per_rollout, one_sided, k_init=k_init, k_final=k_final, token_cut=token_cut,
-                                      clipped=values("completions/clipped_ratio"), keep_last_in_loss=keep_last_in_loss)
-    clip = max_grad_norm if max_grad_norm and max_grad_norm > 0 else None
-    return {
-        "tokens_per_kept_rollout": statistics.median(per_rollout) if per_rollout else None,
-        "one_sided_steps": sum(v > 0.5 for v in one_sided) / len(one_sided) if one_sided else None,
-        "clipped_steps": sum(n > clip for n in norms) / len(norms) if norms and clip else None,
-        "warnings": list(warnings.values()),
-    }
-
-
-def generation_summary(records: list[dict]) -> dict[str, float | None] | None:
-    """What a run's generation bought, from the `d3s/*` generation metrics of its train records (None when the
-    records predate them): prompts skipped and flat groups generated per step, and the generation seconds per
-    group with signal over the whole run (all generation time / all groups with signal handed to training)."""
-    train = [r for r in records if r.get("type") == "train" and "d3s/signal_groups" in r]
-    if not train:
-        return None
-
-    def total(key: str) -> float | None:
-        values = [r[key] for r in train if r.get(key) is not None]
-        return sum(values) if values else None
-
-    signal, seconds = total("d3s/signal_groups"), total(TIME_PREFIX + "generation")
-    skipped, flat = total("d3s/prompts_skipped"), total("d3s/flat_groups_generated")
-    return {
-        "prompts_skipped_per_step": None if skipped is None else skipped / len(train),
-        "flat_groups_per_step": None if flat is None else flat / len(train),
-        "groups_generated_per_step": (total("d3s/groups_generated") or 0.0) / len(train),
-        "generation_s_per_signal_group": seconds / signal if seconds is not None and signal else None,
-    }

@@ -10,8 +10,10 @@ The run is `D3SGRPOTrainer` (d3s.integrations.trl) plus what a person running it
 - a progress bar (reward, kept rollouts, tokens in the loss, held-out accuracy, ETA), every step's
   metrics in `metrics.jsonl` and TensorBoard (`report_to`), checkpoints every `save_steps`
   (`d3s.app.run_trainer`: the trainer and the callback, imported when a run starts);
-- the run owns its output folder (`d3s.app.runfolder`: a lock, no foreign folder touched), writes its
-  checkpoints atomically and its records by atomic replacement;
+- the run owns its output folder (`d3s.app.runfolder`: a lock, taken before the frameworks are imported, no
+  foreign folder touched), writes its checkpoints atomically and its records by atomic replacement
+  (`d3s.app.runfiles`: a file that cannot be written, on a full disk or a read-only folder, stops the run in
+  one line naming it, and nothing saved before is lost);
 - Ctrl-C, SIGTERM or an exception saves a checkpoint of the last finished step (with the RNG
   states of that step's end, not those of the half-finished next one) and says in one line what is
   saved; `--resume true` continues from the newest complete checkpoint — TRL restores the step,
@@ -25,7 +27,7 @@ Wall-clock in the records counts training (generation included) and leaves out t
 evaluations, so that runs with different `eval_every` compare fairly.
 
 `run_train` claims the folder; `_run_in_folder` runs the steps, each a function below: settle the
-resume point, load the model, build the task, open the records, make the trainer, score the base
+resume point (`d3s.app.resume`), load the model, build the task, open the records, make the trainer, score the base
 model, train (or stop), evaluate the result and write the summary.
 """
 
@@ -34,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -47,67 +48,19 @@ from typing import Any
 import torch
 
 from d3s.app.budget import budget_spent, budget_summary, count_compute, run_budget
+from d3s.app.child_process import stop_with_parent
 from d3s.app.errors import RecipeError
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.machine import machine_description
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
-from d3s.app.recipe import make_parser, parse_train_args, set_offline_defaults, train_device
+from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, train_device
+from d3s.app.resume import settle_resume
 from d3s.app.run_args import RunArgs
-from d3s.app.runfolder import (
-    STAGING_NAME,
-    RunFolderError,
-    UnloadableCheckpoint,
-    atomic_write_text,
-    checkpoint_step,
-    claim_folder,
-    code_version,
-    complete_checkpoints,
-    eval_result,
-    generation_summary,
-    no_signal_share,
-    read_run_records,
-    read_summary,
-    step_seconds,
-    token_cut_summary,
-    training_changes,
-)
+from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary
+from d3s.app.runfolder import RunLock, UnloadableCheckpoint, claim_folder, code_version, complete_checkpoints, \
+    lock_existing_run
 from d3s.app.tasks import TaskData, build_task, prompt_messages
-
-
-# ---------------------------------------------------------------------------------------------
-# Run records
-# ---------------------------------------------------------------------------------------------
-
-
-class RunLog:
-    """Appends one JSON object per line to `metrics.jsonl`; on resume keeps the records up to the
-    checkpoint (a cut-off last line is dropped) and rewrites the file atomically. In a multi-process
-    run every process keeps the records in memory and only the main one (`writer`) writes the file."""
-
-    def __init__(self, path: Path, resume_step: int | None, writer: bool = True):
-        self.path, self.writer = path, writer
-        self.records: list[dict] = []
-        if resume_step is not None and path.is_file():
-            self.records = [r for r in read_run_records(path, warn=_say) if r["step"] <= resume_step]
-        if writer:
-            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in self.records))
-
-    def add(self, record: dict) -> None:
-        self.records.append(record)
-        if self.writer:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-
-    def drop(self, kind: str, step: int) -> None:
-        """Remove the records of `kind` at `step` (an evaluation about to run again) and rewrite the file."""
-        kept = [r for r in self.records if not (r["type"] == kind and r["step"] == step)]
-        if len(kept) != len(self.records):
-            self.records = kept
-            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
-
-    def last(self, kind: str) -> dict | None:
-        return next((r for r in reversed(self.records) if r["type"] == kind), None)
 
 
 def _say(message: str) -> None:
@@ -184,6 +137,8 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
         what, code = "terminated (SIGTERM)", 143
     elif isinstance(err, KeyboardInterrupt):
         what, code = "interrupted", 130
+    elif isinstance(err, RunFileError):  # a full disk, a read-only folder: the user's to fix, no traceback
+        what, code = f"stopped: {err.path} cannot be written ({err.reason})", 1
     else:
         traceback.print_exception(err)
         what, code = f"stopped by {type(err).__name__}", 1
@@ -193,7 +148,7 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
     note = ""
     if callback.updating_from is not None and callback.updating_from == step:
         note = f" inside the weight update of step {step + 1}, which cannot be saved;"
-    elif step > 0 and step not in (resume_step, trainer.d3s_saved_step):  # (a checkpoint-N there may be unloadable)
+    elif step > 0 and step not in (resume_step, trainer.d3s_saved_step) and not isinstance(err, RunFileError):
         point = trainer.d3s_resume_point
         try:
             if point is not None and point["step"] == step:
@@ -215,99 +170,20 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
     return RunStopped(code)
 
 
-def run_train(run: RunArgs, config, recipe: dict | None = None) -> dict[str, Any]:
+def run_train(run: RunArgs, config, recipe: dict | None = None, held: RunLock | None = None) -> dict[str, Any]:
     """Train, evaluate before/after, write records and plots. Returns the summary dict.
 
-    The run owns `config.output_dir` while it lives (`d3s.app.runfolder`); raises `RecipeError` for a
-    folder or recipe it cannot use, `RunStopped` after an early stop (reported to the user)."""
+    The run owns `config.output_dir` while it lives (`d3s.app.runfolder`; `held`: its lock, when the caller
+    took it already); raises `RecipeError` for a folder or recipe it cannot use, `RunStopped` after an early
+    stop (reported to the user)."""
     out = Path(config.output_dir)
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    lock = claim_folder(out) if main_process else None
+    main_process = _main_process()
+    lock = claim_folder(out, held) if main_process else None
     try:
         return _run_in_folder(run, config, recipe, out, main_process, time.perf_counter())
     finally:
         if lock is not None:
             lock.release()
-
-
-def _resume_point(run: RunArgs, config, out: Path, main_process: bool, run_config: dict,
-                  unloadable: dict[str, str], notes: list[str]):
-    """`(checkpoint or None, finished summary or None)`; refuses what cannot continue this folder: a
-    recipe that changes training, also of a finished run. What the user should know about the choice is
-    appended to `notes`. `unloadable`: the checkpoints that failed to load, with why."""
-    if main_process:  # leftovers of a run killed while saving; this run holds the folder's lock
-        shutil.rmtree(out / STAGING_NAME, ignore_errors=True)
-        for tmp in out.glob(".*.tmp-*"):
-            tmp.unlink(missing_ok=True)
-    summary_file = out / "summary.json"
-    summary, damaged = read_summary(out)
-    final_step = config.max_steps if config.max_steps > 0 else None
-    good, bad = complete_checkpoints(out, final_step, {**_unrecorded(out), **unloadable})
-    if not run.resume:
-        if summary_file.is_file() or good or bad:
-            state = "a finished run" if summary_file.is_file() else "a run with checkpoints"
-            raise RunFolderError(f"output_dir {str(out)!r} already holds {state}; pass --resume true to continue it, "
-                                 "or pick another --output_dir")
-        return None, None
-    if summary is not None:
-        try:
-            changed, _ = _training_changes(out, run_config)
-        except RunFolderError:  # its recipe cannot be read: nothing to compare, and nothing is done
-            changed = []
-        if changed:
-            raise RunFolderError(f"output_dir {str(out)!r} holds a finished run ({summary.get('steps')} steps); "
-                                 f"--resume true with a recipe that changes training ({'; '.join(changed)}): a "
-                                 "finished run is not continued or changed; start a new run in another --output_dir")
-        _say(f"{out} is a finished run ({summary.get('steps')} steps, summary.json); nothing to do")
-        return None, summary
-    if damaged:
-        if not good:
-            raise RunFolderError(f"{summary_file} is damaged ({damaged}) and no checkpoint can continue the run to "
-                                 f"write it again (checkpoints: {', '.join(f'{n}: {p}' for n, p in bad) or 'none'}); "
-                                 "restore summary.json from a copy, or start a new run in another --output_dir")
-        notes.append(f"{summary_file} is damaged ({damaged}); the run continues from its last checkpoint and "
-                     "writes it again")
-    for name, problem in bad:
-        if not good or int(name.split("-")[-1]) > int(good[0].name.split("-")[-1]):
-            notes.append(f"skipping {name}: {problem}")
-    if good:
-        notes.append(f"resuming from {good[0].name}")
-        return good[0], None
-    notes.append(f"no {'loadable' if unloadable else 'complete'} checkpoint in {out}; starting from the beginning")
-    return None, None
-
-
-def _unrecorded(out: Path) -> dict[str, str]:
-    """The checkpoints whose step has no record in `metrics.jsonl` (lost or deleted), with why: the run's
-    cumulative counts cannot continue from them, so they are incomplete."""
-    path = out / "metrics.jsonl"
-    recorded = {r["step"] for r in read_run_records(path) if r["type"] == "train"} if path.is_file() else set()
-    return {p.name: f"{path.name} has no record of step {checkpoint_step(p)}" for p in out.glob("checkpoint-*")
-            if checkpoint_step(p) is not None and checkpoint_step(p) not in recorded}
-
-
-def _training_changes(out: Path, now: dict) -> tuple[list[str], list[str]]:
-    """`(changes that alter training, free changes)` of this recipe against the run's `run_config.json`."""
-    path = out / "run_config.json"
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise RunFolderError(f"{path} cannot be read ({type(err).__name__}), so the resumed recipe cannot be checked "
-                             "against the run's; restore it or start a new run in another --output_dir") from None
-    return training_changes(saved, now)
-
-
-def _check_same_training(out: Path, now: dict, notes: list[str]) -> None:
-    """On resume: refuse a recipe that changes training; name the free changes."""
-    changed, free = _training_changes(out, now)
-    if changed:
-        raise RunFolderError(
-            f"--resume true with a recipe that changes training ({'; '.join(changed)}); resume with the run's own "
-            f"recipe (in {out / 'run_config.json'}) or start a new run in another --output_dir. Free to change: "
-            "eval_every, plots, logging, saving and hub settings"
-        )
-    if free:
-        notes.append(f"resuming with changed settings that do not change training: {'; '.join(free)}")
 
 
 def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
@@ -329,7 +205,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     unloadable: dict[str, str] = {}
     said: set[str] = set()
     while True:
-        checkpoint, finished = _settle_resume(run, config, out, main_process, run_config, unloadable, said)
+        checkpoint, finished = settle_resume(run, config, out, main_process, run_config, unloadable, said, _say)
         if finished is not None:
             return finished
         try:
@@ -348,7 +224,7 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     check_prompts_fit(model, tokenizer, task, run, config)
 
     resume_step = int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None
-    run_log = RunLog(out / "metrics.jsonl", resume_step, writer=main_process)
+    run_log = RunLog(out / "metrics.jsonl", resume_step, writer=main_process, warn=_say)
     if main_process:
         atomic_write_text(out / "run_config.json", json.dumps({**run_config, "model_path": model_path}, indent=2,
                                                               default=str))
@@ -374,27 +250,11 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
         before = next((eval_result(r) for r in run_log.records if r["type"] == "eval" and r["step"] == 0), None)
     _train(trainer, callback, run_log, out, run, config, checkpoint, resume_step, unloadable)
     after = _final_evaluation(trainer, callback, run_log, out, run, resume_step, unloadable)
-    summary = _summary(run, config, trainer.state.global_step, task, before, after, run_log, started,
-                       run_config["code_version"])
+    budget = budget_summary(run_budget(run), [r["flops"] for r in run_log.records if r["type"] == "train"])
+    summary = run_summary(run, config, trainer.state.global_step, len(task.heldout), before, after, run_log, started,
+                          run_config["code_version"], budget)
     _finish(run, config, out, summary, main_process)
     return summary
-
-
-def _settle_resume(run: RunArgs, config, out: Path, main_process: bool, run_config: dict,
-                   unloadable: dict[str, str], said: set[str]):
-    """`(checkpoint or None, finished summary or None)` of the folder, checked against this run's recipe;
-    what the user should know about it is said (once: `said` holds what was)."""
-    notes: list[str] = []
-    checkpoint, finished = _resume_point(run, config, out, main_process, run_config, unloadable, notes)
-    if finished is not None:
-        return None, finished
-    if checkpoint is not None:
-        _check_same_training(out, run_config, notes)
-    for note in notes:
-        if note not in said:
-            said.add(note)
-            _say(note)
-    return checkpoint, None
 
 
 def _load_model(run: RunArgs, config):
@@ -512,45 +372,13 @@ def _final_evaluation(trainer, callback, run_log: RunLog, out: Path, run: RunArg
         raise _stop(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
 
 
-def _summary(run: RunArgs, config, steps: int, task: TaskData, before: dict | None, after: dict, run_log: RunLog,
-             started: float, version: str) -> dict[str, Any]:
-    """What `summary.json` records of a finished run."""
-    last_train = run_log.last("train") or {}
-    generation = generation_summary(run_log.records)
-    return {
-        "variant": config.variant or "custom",
-        "seed": config.seed,
-        "steps": steps,
-        "model": run.model,
-        "task": run.task,
-        "heldout_size": len(task.heldout),
-        "before": {k: v for k, v in (before or {}).items() if k != "examples"},
-        "after": {k: v for k, v in after.items() if k != "examples"},
-        "train_wall_s": last_train.get("wall_s"),
-        "trained_tokens": last_train.get("trained_tokens"),
-        "generated_tokens": last_train.get("generated_tokens"),
-        "computed_tokens": last_train.get("computed_tokens"),
-        "flops": last_train.get("flops"),
-        "budget": budget_summary(run_budget(run), [r["flops"] for r in run_log.records if r["type"] == "train"]),
-        "no_signal_steps": no_signal_share(run_log.records),
-        "generation": {k: v for k, v in (generation or {}).items() if k != "generation_s_per_signal_group"} or None,
-        "generation_s_per_signal_group": (generation or {}).get("generation_s_per_signal_group"),
-        "step_seconds": step_seconds(run_log.records),
-        "token_cut": token_cut_summary(
-            run_log.records, token_selection=bool(config.token_selection), k_init=config.k_init,
-            k_final=config.k_final, token_cut=config.token_cut, max_grad_norm=config.max_grad_norm,
-            keep_last_in_loss=bool(config.keep_last_in_loss),
-        ),
-        "command_wall_s": time.perf_counter() - started,
-        "code_version": version,
-        "examples_after": after.get("examples", []),
-    }
-
-
 def _finish(run: RunArgs, config, out: Path, summary: dict, main_process: bool) -> None:
     """Plots, then `summary.json` (last: it marks the run finished), then the result in one line."""
     if run.plots and main_process:
-        plot_run(out / "metrics.jsonl", out / "training.png", title=f"{summary['variant']} (seed {config.seed})")
+        try:
+            plot_run(out / "metrics.jsonl", out / "training.png", title=f"{summary['variant']} (seed {config.seed})")
+        except OSError as err:  # a full disk, a read-only folder
+            raise RunFileError(out / "training.png", err) from None
     if main_process:
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     b, a = summary["before"], summary["after"]
@@ -572,12 +400,37 @@ def cmd_train(argv) -> int:
         )
         parser.print_help()
         return 0
+    stop_with_parent()  # a run of d3s compare stops when compare dies
     set_offline_defaults()
-    run, config, recipe = parse_train_args(argv)
+    # a folder in use is refused before the frameworks are imported (minutes on a loaded machine)
+    held = lock_existing_run(Path(named)) if (named := _output_dir_named(argv)) and _main_process() else None
     try:
-        run_train(run, config, recipe)
+        run, config, recipe = parse_train_args(argv)
+        run_train(run, config, recipe, held)
     except RunStopped as stop:  # already reported in one line
         return stop.code
     except (FileNotFoundError, FileExistsError) as err:  # a missing model/dataset
         raise RecipeError(str(err)) from None
+    finally:
+        if held is not None:
+            held.release()
     return 0
+
+
+def _main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _output_dir_named(argv: list[str]) -> str | None:
+    """The output folder `argv` names (`--output_dir`, else its recipe's), read without the imports that parsing
+    the whole recipe needs; None when it names none or cannot be read (`parse_train_args` then says why)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--output_dir="):
+            return arg.split("=", 1)[1].strip() or None
+        if arg == "--output_dir":
+            return argv[i + 1].strip() or None if i + 1 < len(argv) else None
+    try:
+        value = load_recipe(take_config(argv)[1]).get("output_dir")
+    except RecipeError:
+        return None
+    return value.strip() or None if isinstance(value, str) else None

@@ -16,7 +16,6 @@ improvement and the minimum detectable difference at this seed count (`d3s.app.c
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Sequence
@@ -24,7 +23,7 @@ from typing import Sequence
 from d3s.app.compare.stats import (area_under_curve, minimum_detectable_difference, paired_interval,
                                    probability_of_improvement, reached_and_held)
 from d3s.app.errors import RecipeError
-from d3s.app.runfolder import read_run_records
+from d3s.app.runfiles import finished_summary, read_run_records
 
 STEP_CAP = 8
 """A budgeted run's cap on steps, in multiples of the reference run's steps."""
@@ -72,7 +71,7 @@ def reference_argv(max_steps: int, points: int) -> list[str]:
 def budget_argv(reference_run: Path) -> list[str]:
     """The `d3s train` options of a run on the compute of the finished `reference_run`: its FLOPs as the budget,
     evaluations at the compute shares where it was evaluated, a cap of `STEP_CAP` times its steps."""
-    summary = json.loads((reference_run / "summary.json").read_text())
+    summary = finished_summary(reference_run)
     flops = summary.get("flops")
     if not flops:
         raise RecipeError(f"{reference_run} records no FLOPs (a run made before they were counted); run the "

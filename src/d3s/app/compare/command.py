@@ -9,11 +9,11 @@ variant with those switches (boolean `d3s train` fields) on and fields set: `d3s
 --prompt_skip true`, `d3s+token_cut=sign+min_tokens_per_rollout=4` is `--variant d3s --token_cut sign
 --min_tokens_per_rollout 4`, each compared with `d3s` as another line of the tables. Each run goes to
 `DIR/<setting>-seed<seed>/`
-in its own process. A finished run (its `summary.json` exists) is reused, an unfinished one is
+in its own process. A finished run (a valid `summary.json`) is reused, an unfinished one is
 resumed from its last checkpoint — rerun the same command after an interruption. Once a run has
-finished, its checkpoints are pruned (`--keep_checkpoints`: by default only the final model stays, without
-the optimizer state a resume needs), so that a campaign of many runs does not fill the disk. A campaign can be
-split over days or machines: point `--output_dir` at a folder of committed runs and the same command
+finished, also when reused, its checkpoints are pruned (`--keep_checkpoints`: by default only the final model
+stays, without the optimizer state a resume needs), so that a campaign of many runs does not fill the disk. A
+campaign can be split over days or machines: point `--output_dir` at a folder of committed runs and the same command
 finishes it. A finished run is reused only if its recorded recipe trains what this command would
 (`run_config.json`; else an error names the differences); the code version of every run is shown.
 
@@ -28,12 +28,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from d3s.app.child_process import run_child
 from d3s.app.compare.budget import budget_argv, check_budget_command, reference_argv
 from d3s.app.compare.markdown import render_markdown
 from d3s.app.compare.summary import run_dir, summarize
@@ -42,8 +42,8 @@ from d3s.app.machine import same_machine
 from d3s.app.options import parse_command
 from d3s.app.plots import plot_compare
 from d3s.app.recipe import parse_train_args
-from d3s.app.runfolder import (KeepCheckpoints, RunFolderError, is_run_folder, prune_checkpoints, read_summary,
-                               training_changes)
+from d3s.app.runfiles import atomic_write_text, read_run_config, read_summary
+from d3s.app.runfolder import KeepCheckpoints, RunFolderError, is_run_folder, prune_checkpoints, training_changes
 from d3s.app.train import resolve_run_config
 from d3s.variants import VARIANTS
 
@@ -113,7 +113,7 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep
     if read_summary(out)[0] is not None:  # a damaged summary.json is written again by the resumed run
         check_reusable(out, variant, seed, train_argv)
         print(f"d3s compare: reusing {out}", file=sys.stderr)
-        return out
+        return _prune(out, keep_checkpoints)  # also a run whose compare stopped before pruning it
     resume = out.is_dir() and any(out.glob("checkpoint-*"))
     cmd = [sys.executable, "-m", "d3s.cli", "train", *train_argv, *run_setting(variant), "--seed", str(seed),
            "--output_dir", str(out), "--resume", "true" if resume else "false"]
@@ -121,13 +121,23 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep
           flush=True)
     # the run's own "how to continue" line must name this command, not the d3s train it runs
     env = {**os.environ, "D3S_CONTINUE_HINT": "rerun the same d3s compare command"}
-    done = subprocess.run(cmd, env=env)
-    if done.returncode in (130, 143, -2, -15):  # the child was stopped and said what it saved
+    code = run_child(cmd, env)  # a Ctrl-C waits for the run to save; the run stops if this process dies
+    if code in (130, 143, -2, -15):  # the child was stopped and said what it saved
         raise KeyboardInterrupt
-    if done.returncode != 0:
-        raise RecipeError(f"d3s train for {variant} seed {seed} failed (exit {done.returncode}, its error is above); "
+    if code != 0:
+        raise RecipeError(f"d3s train for {variant} seed {seed} failed (exit {code}, its error is above); "
                           "fix it and rerun the same d3s compare command to continue")
-    freed = prune_checkpoints(out, keep_checkpoints) if (out / "summary.json").is_file() else 0
+    return _prune(out, keep_checkpoints)
+
+
+def _prune(out: Path, keep_checkpoints: str) -> Path:
+    """Prune the checkpoints of the finished run `out` to `keep_checkpoints`; a folder it cannot change
+    (read-only) keeps them, with a note."""
+    try:
+        freed = prune_checkpoints(out, keep_checkpoints)
+    except OSError as err:
+        print(f"d3s compare: note: {out}'s checkpoints cannot be pruned ({err.strerror}); kept", file=sys.stderr)
+        return out
     if freed:
         print(f"d3s compare: kept {keep_checkpoints!r} of {out}'s checkpoints, freed {freed / 2**30:.1f} GiB",
               file=sys.stderr)
@@ -145,14 +155,12 @@ def check_reusable(out: Path, variant: str, seed: int, train_argv: Sequence[str]
     """Refuse a finished run whose recorded recipe trains differently from this command's (the output
     folder, logging and evaluation frequency are free); a run without `run_config.json` is reused with a
     note, and the tables mark it unchecked."""
-    path = out / "run_config.json"
-    if not path.is_file():
+    saved, damaged = read_run_config(out)
+    if damaged:
+        raise RecipeError(f"{out / 'run_config.json'} is damaged ({damaged}); repair it or move {out} away")
+    if saved is None:
         print(f"d3s compare: note: {out} records no recipe (run_config.json); reused unchecked", file=sys.stderr)
         return
-    try:
-        saved = json.loads(path.read_text())
-    except ValueError:
-        raise RecipeError(f"{path} is not valid JSON; repair it or move {out} away") from None
     changed, _ = training_changes(saved, planned_run_config(out, variant, seed, train_argv))
     if changed:
         shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
@@ -179,7 +187,7 @@ def runs_left_out(root: Path, variants: Sequence[str], seeds: Sequence[int]) -> 
     """The finished run folders in `root` (a `summary.json` beside the run's record) outside `variants` x `seeds`."""
     ours = {run_dir(root, v, s).name for v in variants for s in seeds}
     return sorted(p.name for p in root.iterdir()
-                  if p.is_dir() and p.name not in ours and is_run_folder(p) and (p / "summary.json").is_file())
+                  if p.is_dir() and p.name not in ours and is_run_folder(p) and read_summary(p)[0] is not None)
 
 
 def _without(argv: Sequence[str], name: str) -> list[str]:
@@ -268,7 +276,7 @@ def cmd_compare(argv: Sequence[str]) -> int:
     if args.wall_clock_ratios:
         refuse_mixed_machines(summary)
     command = "d3s compare " + " ".join(argv)
-    (root / "compare.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_text(root / "compare.json", json.dumps(summary, indent=2))  # a kill leaves the old one
     md = render_markdown(summary, command)
     others = runs_left_out(root, variants, seeds)
     if others:  # a subset of a folder's comparison: say what its tables no longer show
@@ -276,7 +284,7 @@ def cmd_compare(argv: Sequence[str]) -> int:
                 "naming all their settings and seeds tables them together, reusing every run.")
         md = md.rstrip("\n") + "\n\n" + note + "\n"
         print(f"d3s compare: note: {note}", file=sys.stderr)
-    (root / "compare.md").write_text(md)
+    atomic_write_text(root / "compare.md", md)
     plot_compare({v: [(s, run_dir(root, v, s) / "metrics.jsonl") for s in seeds] for v in variants},
                  root / "compare.png", title=f"{' vs '.join(variants)}, seeds {', '.join(map(str, seeds))}")
     print(md)

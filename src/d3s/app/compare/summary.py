@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -22,8 +21,8 @@ from d3s.app.compare.budget import budget_summary
 from d3s.app.compare.stats import minimum_detectable_difference
 from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.machine import one_machine, same_machine
-from d3s.app.runfolder import (generation_summary, no_signal_share, read_run_records, step_seconds,
-                               with_computed_tokens)
+from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_share, read_run_config,
+                              read_run_records, step_seconds, with_computed_tokens)
 
 
 def run_dir(root: Path, variant: str, seed: int) -> Path:
@@ -39,18 +38,12 @@ def _reach(records: list[dict], target: float) -> dict | None:
 def _run_version(folder: Path, summary: dict) -> str:
     if summary.get("code_version"):
         return summary["code_version"]
-    try:
-        return json.loads((folder / "run_config.json").read_text()).get("code_version") or "not recorded"
-    except (OSError, ValueError):
-        return "not recorded"
+    return (read_run_config(folder)[0] or {}).get("code_version") or "not recorded"
 
 
 def _run_machine(folder: Path) -> dict | None:
     """The machine the run recorded (`run_config.json`'s `machine`); None for runs made before it was."""
-    try:
-        return json.loads((folder / "run_config.json").read_text()).get("machine")
-    except (OSError, ValueError):
-        return None
+    return (read_run_config(folder)[0] or {}).get("machine")
 
 
 def _spread(values: list[float]) -> list[float] | None:
@@ -71,10 +64,10 @@ def _mean_parts(parts: list[dict | None], skip_none: bool = False) -> dict[str, 
 
 def _load_run(root: Path, variant: str, seed: int) -> dict:
     folder = run_dir(root, variant, seed)
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = finished_summary(folder)
     records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
     return {"seed": seed, "summary": summary, "records": records,
-            "version": _run_version(folder, summary), "recipe_checked": (folder / "run_config.json").is_file(),
+            "version": _run_version(folder, summary), "recipe_checked": read_run_config(folder)[0] is not None,
             "machine": _run_machine(folder)}
 
 

@@ -1,0 +1,396 @@
+"""The files a run writes, written so that nothing saved is lost, and read back one way, so that a damaged
+one is never used.
+
+- `run_config.json` (the run's settings, recipe, code version and machine), `summary.json` (written last: the
+  run is finished) and `metrics.jsonl` (one record per step and kind). A file that exists and cannot be used
+  is *damaged*, whatever the reason: unreadable, not UTF-8, not JSON, or without the fields its readers need
+  (`{}` is as damaged as `{broken`). `read_run_config` and `read_summary` say why in one short phrase, and
+  every reader of these files goes through them; `read_run_records` keeps one record per step and kind.
+- Writes: `atomic_write_text` replaces a file (a reader or a kill sees the old file or the new one, never a
+  part) and `RunLog` appends records. A write that fails (a full disk, a read-only folder) raises
+  `RunFileError` naming the file and why, in one line; what was written before stays as it was.
+- What the records say of a run: seconds per step and its parts, steps without signal, the token cut,
+  what generation bought (`d3s compare` reports them), and `run_summary`, what `summary.json` holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from d3s.app.errors import RunFolderError
+
+
+class RunFileError(RunFolderError):
+    """A run file that cannot be written (a full disk, a read-only folder); the message names it and why."""
+
+    def __init__(self, path: Path, err: OSError):
+        self.path, self.reason = Path(path), err.strerror or type(err).__name__
+        super().__init__(f"{path} cannot be written ({self.reason}); what was saved before is intact")
+
+
+def _write(path: Path, text: str, mode: str) -> None:
+    """Write (`mode` "w") or append ("a") `text` to `path`; every run file is written here. A replaced file
+    is flushed to the disk before it is renamed into place."""
+    with open(path, mode, encoding="utf-8") as f:
+        f.write(text)
+        if mode == "w":
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in the folder `path` durable (where the platform can open a folder)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms that cannot open a folder
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` by `text` so that a reader (or a kill) sees the old file or the new one, never a part.
+
+    The text goes to a temporary file beside it, which is renamed over `path` once written in full; a
+    write that fails (`RunFileError`) or is interrupted removes the temporary file and leaves `path` as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        _write(tmp, text, "w")
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise RunFileError(path, err) from None
+        raise
+    fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------------------------------------
+# run_config.json and summary.json
+# ---------------------------------------------------------------------------------------------
+
+RUN_CONFIG_SECTIONS = ("run", "trainer")
+"""What a `run_config.json` must hold to be a d3s run's: the run's and the trainer's settings (objects)."""
+
+SUMMARY_FIELDS = ("steps", "before", "after", "train_wall_s", "trained_tokens")
+"""What a `summary.json` must hold for its readers (`d3s train --resume`, `d3s compare`)."""
+
+RESULT_FIELDS = ("accuracy", "correct", "n")
+"""What the held-out result of a finished run (its summary's `after`) must hold."""
+
+
+def _read_json_object(path: Path) -> tuple[Any, str | None]:
+    """`(value, None)` of a JSON file, `(None, None)` when it does not exist, `(None, why)` when it cannot be
+    read or parsed."""
+    if not path.is_file():
+        return None, None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError as err:
+        return None, f"not valid JSON: {err}"
+    except OSError as err:
+        return None, f"cannot be read: {err.strerror}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_summary(out: Path) -> tuple[dict | None, str | None]:
+    """`(summary, problem)` of a run's `summary.json`, which marks it finished: the summary when it is a valid
+    one, else None and, when the file exists, why it is damaged (one short phrase): not JSON, not an object,
+    or without the fields of `SUMMARY_FIELDS` (a step count >= 1, the held-out results, numbers)."""
+    summary, problem = _read_json_object(Path(out) / "summary.json")
+    if problem is not None or summary is None:
+        return None, problem
+    if not isinstance(summary, dict):
+        return None, f"not a run summary: a JSON {type(summary).__name__}"
+    missing = [k for k in SUMMARY_FIELDS if k not in summary]
+    if missing:
+        return None, f"not a run summary: it lacks {', '.join(missing)}"
+    steps = summary["steps"]
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
+        return None, f"not a run summary: its steps is {steps!r}, not a step count >= 1"
+    after, problem = summary["after"], None
+    if not (isinstance(after, dict) and all(_is_number(after.get(k)) for k in RESULT_FIELDS)):
+        problem = f"its after is not a held-out result (numbers {', '.join(RESULT_FIELDS)})"
+    elif not isinstance(summary["before"], dict):
+        problem = "its before is not an object"
+    elif not all(_is_number(summary[k]) for k in ("train_wall_s", "trained_tokens")):
+        problem = "its train_wall_s and trained_tokens are not both numbers"
+    return (None, f"not a run summary: {problem}") if problem else (summary, None)
+
+
+def finished_summary(out: Path) -> dict:
+    """The summary of a run that `d3s compare` has finished or reused: valid, else a `RunFolderError` naming the
+    file and why (it was changed since)."""
+    summary, damaged = read_summary(out)
+    if summary is None:
+        raise RunFolderError(f"{Path(out) / 'summary.json'} is {f'damaged ({damaged})' if damaged else 'missing'}; "
+                             "rerun the same d3s compare command to finish that run")
+    return summary
+
+
+def read_run_config(out: Path) -> tuple[dict | None, str | None]:
+    """`(run_config, problem)` of a run's `run_config.json`: its content when it is a d3s run's (a JSON object
+    with the sections of `RUN_CONFIG_SECTIONS`, each an object), else None and, when the file exists, why it
+    is damaged (one short phrase)."""
+    saved, problem = _read_json_object(Path(out) / "run_config.json")
+    if problem is not None or saved is None:
+        return None, problem
+    if not isinstance(saved, dict):
+        return None, f"not a run config: a JSON {type(saved).__name__}"
+    missing = [k for k in RUN_CONFIG_SECTIONS if not isinstance(saved.get(k), dict)]
+    if missing:
+        return None, f"not a run config: it lacks the {' and '.join(missing)} settings"
+    return saved, None
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics.jsonl
+# ---------------------------------------------------------------------------------------------
+
+
+RECORD_FIELDS = ("type", "step", "wall_s", "trained_tokens", "generated_tokens", "computed_tokens", "flops")
+"""The fields every record of `metrics.jsonl` starts with (`flops` since it was counted); an `eval` record adds the
+evaluation's result."""
+
+
+def eval_result(record: dict) -> dict:
+    """The held-out result an `eval` record holds (accuracy, counts, interval), without the record's fields."""
+    return {k: v for k, v in record.items() if k not in RECORD_FIELDS}
+
+
+def read_run_records(path: Path, *, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """The records of a `metrics.jsonl`, one per step and kind. A cut-off LAST line (a kill during its write)
+    is dropped, with a note through `warn(message)`; any other line that is not a record is an error naming
+    file and line. A step recorded twice (per kind) keeps its last record, the one written last, in the place of
+    its first, with a note."""
+    path = Path(path)
+    try:
+        lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    except OSError as err:
+        raise RunFolderError(f"{path} cannot be read ({err.strerror})") from None
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec.get("type") in ("train", "eval")):
+            if not any(rest.strip() for rest in lines[i:]):
+                if warn is not None:
+                    warn(f"{path} line {i} is cut off (a write was interrupted); that record is dropped")
+                break
+            raise RunFolderError(f"{path} line {i} is not a d3s record (JSON with 'type' and 'step'); "
+                                 "remove or repair that line")
+        records.append(rec)
+    kept: dict[tuple[str, int], dict] = {}  # in the order first recorded, each the last record written
+    for rec in records:
+        kept[rec["type"], rec["step"]] = rec
+    if len(kept) < len(records):
+        if warn is not None:
+            twice = sorted({key for key in kept if sum((r["type"], r["step"]) == key for r in records) > 1},
+                           key=lambda key: (key[1], key[0] == "eval"))
+            shown = ", ".join(f"{kind} step {step}" for kind, step in twice)
+            warn(f"{path} records {shown} more than once; the last record of each is kept")
+        records = list(kept.values())
+    return records
+
+
+class RunLog:
+    """Appends one JSON object per line to `metrics.jsonl`; on resume keeps the records up to the
+    checkpoint (`read_run_records`: one per step and kind; a cut-off last line is dropped, with a note through
+    `warn`) and rewrites the file atomically. In a multi-process run every process keeps the records in memory
+    and only the main one (`writer`) writes the file."""
+
+    def __init__(self, path: Path, resume_step: int | None, writer: bool = True,
+                 warn: Callable[[str], None] | None = None):
+        self.path, self.writer = Path(path), writer
+        self.records: list[dict] = []
+        if resume_step is not None and self.path.is_file():
+            self.records = [r for r in read_run_records(self.path, warn=warn) if r["step"] <= resume_step]
+        if writer:
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
+
+    def add(self, record: dict) -> None:
+        """Append `record`; a failed write raises `RunFileError` and leaves the record out of memory too."""
+        if self.writer:
+            try:
+                _write(self.path, json.dumps(record) + "\n", "a")
+            except OSError as err:
+                raise RunFileError(self.path, err) from None
+        self.records.append(record)
+
+    def drop(self, kind: str, step: int) -> None:
+        """Remove the records of `kind` at `step` (an evaluation about to run again) and rewrite the file."""
+        kept = [r for r in self.records if not (r["type"] == kind and r["step"] == step)]
+        if len(kept) != len(self.records):
+            if self.writer:
+                atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self.records = kept
+
+    def last(self, kind: str) -> dict | None:
+        return next((r for r in reversed(self.records) if r["type"] == kind), None)
+
+
+def with_computed_tokens(records: list[dict]) -> list[dict]:
+    """Records with the cumulative `computed_tokens` (training-forward positions so far). Runs recorded
+    before `d3s train` wrote it get it summed here from each step's `d3s/tokens_computed`."""
+    if all("computed_tokens" in r for r in records):
+        return records
+    total, out = 0.0, []
+    for r in records:
+        if r.get("type") == "train":
+            total += r.get("d3s/tokens_computed") or 0.0
+        out.append({**r, "computed_tokens": total})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# What the records say of a run (summary.json, d3s compare)
+# ---------------------------------------------------------------------------------------------
+
+
+TIME_PREFIX = "d3s/time/"
+"""A record's `d3s/time/<part>` fields: the seconds of one part of a training step, as the trainer timed and
+named them (`d3s.integrations.trl` logs them; together they add up to `step_time`)."""
+
+
+def step_parts(records: list[dict]) -> list[str]:
+    """The timed parts of a training step that `records` carry, in the order they first appear."""
+    parts: dict[str, None] = {}
+    for r in records:
+        parts.update((key[len(TIME_PREFIX):], None) for key in r if key.startswith(TIME_PREFIX))
+    return list(parts)
+
+
+def step_seconds(records: list[dict]) -> dict[str, float] | None:
+    """Mean seconds per training step: `step` (TRL's `step_time`: the micro-batches' work, generation included,
+    the optimizer update not) and each timed part the records carry. None without train records."""
+    train = [r for r in records if r.get("type") == "train"]
+    out = {}
+    for name, key in (("step", "step_time"), *((p, TIME_PREFIX + p) for p in step_parts(train))):
+        values = [r[key] for r in train if r.get(key) is not None]
+        if values:
+            out[name] = sum(values) / len(values)
+    return out or None
+
+
+def no_signal_share(records: list[dict]) -> float | None:
+    """Share of training steps in which every group had equal rewards: their gradient is zero for every variant.
+
+    Read from `d3s/no_signal_step` (the groups handed on to training, after `dynamic_sampling`) where the
+    records have it, else from TRL's `frac_reward_zero_std` = 1."""
+    flags = [r.get("d3s/no_signal_step") for r in records if r.get("type") == "train"]
+    flags = [f for f in flags if f is not None]
+    if flags:
+        return sum(f > 0.5 for f in flags) / len(flags)
+    steps = [r.get("frac_reward_zero_std") for r in records if r.get("type") == "train"]
+    steps = [s for s in steps if s is not None]
+    return sum(s >= 1.0 - 1e-9 for s in steps) / len(steps) if steps else None
+
+
+def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_final, token_cut: str,
+                      max_grad_norm: float | None, keep_last_in_loss: bool = False) -> dict[str, Any] | None:
+    """What `summary.json` says of the token cut and the update size: median tokens in the loss per kept rollout,
+    the share of one-sided steps (`d3s/one_sided`), of steps whose gradient norm was clipped (`grad_norm`, logged
+    before clipping, above `max_grad_norm`), and the token cut's warnings (`d3s.metrics.token_cut_warnings`).
+    None without train records."""
+    import statistics
+
+    from d3s.metrics import token_cut_warnings
+
+    train = [r for r in records if r.get("type") == "train"]
+    if not train:
+        return None
+
+    def values(key):
+        return [r[key] for r in train if r.get(key) is not None]
+
+    per_rollout, one_sided, norms = values("d3s/tokens_per_kept_rollout"), values("d3s/one_sided"), values("grad_norm")
+    warnings = {}
+    if token_selection:
+        warnings = token_cut_warnings(per_rollout, one_sided, k_init=k_init, k_final=k_final, token_cut=token_cut,
+                                      clipped=values("completions/clipped_ratio"), keep_last_in_loss=keep_last_in_loss)
+    clip = max_grad_norm if max_grad_norm and max_grad_norm > 0 else None
+    return {
+        "tokens_per_kept_rollout": statistics.median(per_rollout) if per_rollout else None,
+        "one_sided_steps": sum(v > 0.5 for v in one_sided) / len(one_sided) if one_sided else None,
+        "clipped_steps": sum(n > clip for n in norms) / len(norms) if norms and clip else None,
+        "warnings": list(warnings.values()),
+    }
+
+
+def generation_summary(records: list[dict]) -> dict[str, float | None] | None:
+    """What a run's generation bought, from the `d3s/*` generation metrics of its train records (None when the
+    records predate them): prompts skipped and flat groups generated per step, and the generation seconds per
+    group with signal over the whole run (all generation time / all groups with signal handed to training)."""
+    train = [r for r in records if r.get("type") == "train" and "d3s/signal_groups" in r]
+    if not train:
+        return None
+
+    def total(key: str) -> float | None:
+        values = [r[key] for r in train if r.get(key) is not None]
+        return sum(values) if values else None
+
+    signal, seconds = total("d3s/signal_groups"), total(TIME_PREFIX + "generation")
+    skipped, flat = total("d3s/prompts_skipped"), total("d3s/flat_groups_generated")
+    return {
+        "prompts_skipped_per_step": None if skipped is None else skipped / len(train),
+        "flat_groups_per_step": None if flat is None else flat / len(train),
+        "groups_generated_per_step": (total("d3s/groups_generated") or 0.0) / len(train),
+        "generation_s_per_signal_group": seconds / signal if seconds is not None and signal else None,
+    }
+
+
+def run_summary(run, config, steps: int, heldout_size: int, before: dict | None, after: dict, run_log: RunLog,
+                started: float, version: str, budget: dict | None) -> dict[str, Any]:
+    """What `summary.json` records of a finished run (`run`, `config`: its `RunArgs` and `D3SConfig`; `started`:
+    the `time.perf_counter()` of the command's start; `budget`: what its compute budget bought, or None); it holds
+    every field of `SUMMARY_FIELDS`."""
+    last_train = run_log.last("train") or {}
+    generation = generation_summary(run_log.records)
+    return {
+        "variant": config.variant or "custom",
+        "seed": config.seed,
+        "steps": steps,
+        "model": run.model,
+        "task": run.task,
+        "heldout_size": heldout_size,
+        "before": {k: v for k, v in (before or {}).items() if k != "examples"},
+        "after": {k: v for k, v in after.items() if k != "examples"},
+        "train_wall_s": last_train.get("wall_s"),
+        "trained_tokens": last_train.get("trained_tokens"),
+        "generated_tokens": last_train.get("generated_tokens"),
+        "computed_tokens": last_train.get("computed_tokens"),
+        "flops": last_train.get("flops"),
+        "budget": budget,
+        "no_signal_steps": no_signal_share(run_log.records),
+        "generation": {k: v for k, v in (generation or {}).items() if k != "generation_s_per_signal_group"} or None,
+        "generation_s_per_signal_group": (generation or {}).get("generation_s_per_signal_group"),
+        "step_seconds": step_seconds(run_log.records),
+        "token_cut": token_cut_summary(
+            run_log.records, token_selection=bool(config.token_selection), k_init=config.k_init,
+            k_final=config.k_final, token_cut=config.token_cut, max_grad_norm=config.max_grad_norm,
+            keep_last_in_loss=bool(config.keep_last_in_loss),
+        ),
+        "command_wall_s": time.perf_counter() - started,
+        "code_version": version,
+        "examples_after": after.get("examples", []),
+    }
