@@ -541,14 +541,29 @@ def trained(run: Path, step: int):
     return done
 
 
-@pytest.mark.parametrize("when", [pytest.param("training", marks=pytest.mark.slow), "run_exiting"])
+def has_child(proc: subprocess.Popen):
+    def done() -> bool:
+        try:
+            return bool(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())
+        except OSError:
+            return False
+    return done
+
+
+@pytest.mark.parametrize("when", [pytest.param("training", marks=pytest.mark.slow), "run_exiting", "run_loading"])
 def test_ctrl_c_during_compare_stops_it_quietly(tmp_path, when):
     """The run stops in its own way (during training: it saves and says so), compare waits for it and says one line;
     no traceback from the run, also when the Ctrl-C comes as the run's process exits (torch's exit handlers)."""
     root = tmp_path / "cmp"
     proc = compare_process(root, "--max_steps", "2")
     run = root / "d3s-seed1"
-    wait_for(trained(run, 1) if when == "training" else (run / "summary.json").is_file, proc)
+    if when == "run_loading":  # the run's process has started and is importing torch
+        if not Path(f"/proc/{proc.pid}/task/{proc.pid}/children").exists():
+            pytest.skip("this kernel does not list a process's children")
+        wait_for(has_child(proc), proc)
+        time.sleep(0.2)
+    else:
+        wait_for(trained(run, 1) if when == "training" else (run / "summary.json").is_file, proc)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]

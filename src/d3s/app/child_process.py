@@ -8,6 +8,7 @@
   (`stop_with_parent`, called by the child when `PARENT_ENV` names its parent): on Linux the kernel sends it
   SIGTERM (`prctl(PR_SET_PDEATHSIG)`), which stops a run the way Ctrl-C does; elsewhere a thread watches the
   parent and sends it. A parent that died before the child asked is noticed at once.
+- A Ctrl-C while the child is still loading (importing torch) ends it quietly (`CHILD_MAIN`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ PARENT_ENV = "D3S_PARENT_PID"
 """Set by `run_child` in the child's environment: the pid of the process whose death stops the child."""
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+CHILD_MAIN = (
+    "import signal, sys\n"
+    "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"  # a Ctrl-C while d3s loads: stop, no traceback
+    "from d3s.app.cli import run\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "run()\n"
+)
+"""The child's program (`python -c CHILD_MAIN train ...`): `d3s` as `python -m d3s.cli` runs it, except that a
+Ctrl-C while it imports torch ends it quietly (exit 130) instead of with an import traceback."""
 
 
 def run_child(cmd: Sequence[str], env: dict[str, str]) -> int:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from d3s.app.child_process import run_child
+from d3s.app.child_process import CHILD_MAIN, run_child
 from d3s.app.compare.budget import budget_argv, check_budget_command, reference_argv
 from d3s.app.compare.markdown import render_markdown
 from d3s.app.compare.summary import run_dir, summarize
@@ -115,7 +115,7 @@ def run_one(root: Path, variant: str, seed: int, train_argv: Sequence[str], keep
         print(f"d3s compare: reusing {out}", file=sys.stderr)
         return _prune(out, keep_checkpoints)  # also a run whose compare stopped before pruning it
     resume = out.is_dir() and any(out.glob("checkpoint-*"))
-    cmd = [sys.executable, "-m", "d3s.cli", "train", *train_argv, *run_setting(variant), "--seed", str(seed),
+    cmd = [sys.executable, "-c", CHILD_MAIN, "train", *train_argv, *run_setting(variant), "--seed", str(seed),
            "--output_dir", str(out), "--resume", "true" if resume else "false"]
     print(f"d3s compare: {'resuming' if resume else 'running'} {variant} seed {seed} -> {out}", file=sys.stderr,
           flush=True)
