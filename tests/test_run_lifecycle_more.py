@@ -418,6 +418,36 @@ def test_a_run_file_that_cannot_be_written_stops_the_run_in_one_line(full_run, t
     assert_same_run(out, full_run)
 
 
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: file "
+                 "write failed"),  # torch.save on a full disk
+    OSError(errno.ENOSPC, "No space left on device"),
+])
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(full_run, tmp_path, monkeypatch, capfd, error):
+    """A full disk while checkpoint-2 is written: one line, no traceback, no second try; then the same command
+    (with --resume true) ends in the uninterrupted run."""
+    import torch
+
+    out = tmp_path / "run"
+    save = torch.save
+
+    def failing_save(obj, f, *args, **kwargs):
+        if "checkpoint-2" in str(f):
+            raise error
+        return save(obj, f, *args, **kwargs)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(torch, "save", failing_save)
+        assert train(out) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    reason = "file write failed" if isinstance(error, RuntimeError) else "No space left on device"
+    assert lines(err)[-1] == (f"d3s train: stopped: a checkpoint cannot be written ({reason}) after step 2; no step "
+                              "was saved; run the same command again to start over"), lines(err)[-3:]
+    assert train(out, "--resume", "true") == 0
+    assert_same_run(out, full_run)
+
+
 def test_a_read_only_run_folder_is_refused_in_one_line(full_run, tmp_path, monkeypatch, capsys):
     out = unfinished(full_run, tmp_path / "run")
     before = snapshot(out)

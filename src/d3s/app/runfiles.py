@@ -16,6 +16,7 @@ one is never used.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import time
@@ -31,6 +32,23 @@ class RunFileError(RunFolderError):
     def __init__(self, path: Path, err: OSError):
         self.path, self.reason = Path(path), err.strerror or type(err).__name__
         super().__init__(f"{path} cannot be written ({self.reason}); what was saved before is intact")
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def write_failure(err: BaseException) -> str | None:
+    """Why a file could not be written, if that is what `err` (or what caused it) says: an OSError of a full disk
+    or a folder that cannot be written, or torch's `RuntimeError` of a failed write."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
+            return err.strerror or os.strerror(err.errno)
+        if isinstance(err, RuntimeError) and ("file write failed" in str(err) or "No space left" in str(err)):
+            return "file write failed"
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _write(path: Path, text: str, mode: str) -> None:

@@ -57,7 +57,7 @@ from d3s.app.plots import plot_run
 from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, train_device
 from d3s.app.resume import settle_resume
 from d3s.app.run_args import RunArgs
-from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary
+from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary, write_failure
 from d3s.app.runfolder import RunLock, UnloadableCheckpoint, claim_folder, code_version, complete_checkpoints, \
     lock_existing_run
 from d3s.app.tasks import TaskData, build_task, prompt_messages
@@ -139,6 +139,8 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
         what, code = "interrupted", 130
     elif isinstance(err, RunFileError):  # a full disk, a read-only folder: the user's to fix, no traceback
         what, code = f"stopped: {err.path} cannot be written ({err.reason})", 1
+    elif write_failure(err):  # the same, while a checkpoint was written (torch and safetensors say it their way)
+        what, code = f"stopped: a checkpoint cannot be written ({write_failure(err)})", 1
     else:
         traceback.print_exception(err)
         what, code = f"stopped by {type(err).__name__}", 1
@@ -148,7 +150,8 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
     note = ""
     if callback.updating_from is not None and callback.updating_from == step:
         note = f" inside the weight update of step {step + 1}, which cannot be saved;"
-    elif step > 0 and step not in (resume_step, trainer.d3s_saved_step) and not isinstance(err, RunFileError):
+    elif step > 0 and step not in (resume_step, trainer.d3s_saved_step) and not (
+            isinstance(err, RunFileError) or write_failure(err)):
         point = trainer.d3s_resume_point
         try:
             if point is not None and point["step"] == step:
