@@ -151,8 +151,13 @@ def run() -> NoReturn:
     """The `d3s` console script and `python -m d3s.cli`: `main`, then exit with its status. A Ctrl-C after the
     command has said how it ended is ignored: it would interrupt the interpreter's shutdown (torch's exit
     handlers) with a traceback."""
-    code = main()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = None
+    try:
+        code = main()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:  # the Ctrl-C came as the command returned, before it could be ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        code = 130 if code is None else code
     sys.exit(code)
 
 

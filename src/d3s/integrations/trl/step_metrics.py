@@ -215,22 +215,22 @@ class Positions:
     def __init__(self) -> None:
         self.trained = 0.0
         self.no_grad = 0.0
-        self._pending_no_grad = 0.0  # this process's, not yet summed over processes
-        self._counting = True
+        self.pending_no_grad = 0.0  # this process's, not yet summed over processes
+        self.counting = True
 
     def add_no_grad(self, positions: float) -> None:
         """A scoring pass of this process (summed over processes at the next training forward)."""
-        if self._counting:
-            self._pending_no_grad += float(positions)
+        if self.counting:
+            self.pending_no_grad += float(positions)
 
     @contextlib.contextmanager
     def uncounted(self):
         """Passes inside are measurement, not training (the KL monitor): not counted."""
-        self._counting = False
+        self.counting = False
         try:
             yield
         finally:
-            self._counting = True
+            self.counting = True
 
     def log_trained(self, accelerator, metrics: dict, positions: int, accumulation_steps: int) -> None:
         """A training forward of `positions` on this process (collective: every process calls it per micro-batch).
@@ -238,9 +238,9 @@ class Positions:
         Logs `d3s/tokens_computed` (the forward's positions, all ranks) and `d3s/tokens_no_grad` (the scoring
         passes since the last call), each summed over the step's micro-batches (TRL averages a step's values,
         hence the factor)."""
-        local = torch.tensor([float(positions), self._pending_no_grad], device=accelerator.device)
+        local = torch.tensor([float(positions), self.pending_no_grad], device=accelerator.device)
         total = accelerator.reduce(local, reduction="sum")
-        self._pending_no_grad = 0.0
+        self.pending_no_grad = 0.0
         trained, no_grad = float(total[0]), float(total[1])
         self.trained += trained
         self.no_grad += no_grad
