@@ -9,19 +9,19 @@
 #   bash benchmarks/race.sh all          # the three, in this order
 #
 # D3S=... sets the command (default: d3s on PATH); RESULTS=... the folder of the campaigns
-# (default: benchmarks/results). lscpu's output is saved beside each campaign.
+# (default: benchmarks/results). lscpu's output is saved beside each campaign's runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D3S=${D3S:-d3s}
 RESULTS=${RESULTS:-benchmarks/results}
 COMMON=(--budget reference --keep_checkpoints none --plots false)
 
-compare() {  # folder, then d3s compare options
-    local out=$RESULTS/$1
+compare() {  # folder, then d3s compare options; lscpu's output is saved beside the runs afterwards
+    local out=$RESULTS/$1 status=0
     shift
-    mkdir -p "$out"
-    lscpu > "$out/lscpu.txt"
-    $D3S compare "$@" "${COMMON[@]}" --output_dir "$out"
+    $D3S compare "$@" "${COMMON[@]}" --output_dir "$out" || status=$?
+    if [ -d "$out" ]; then lscpu > "$out/lscpu.txt"; fi
+    return $status
 }
 
 default() {
