@@ -48,6 +48,14 @@ def test_default_task_space_and_too_large_heldout():
         tasks.heldout_problems(ArithmeticTaskConfig(heldout_size=300))
 
 
+def test_a_long_training_stream_of_the_default_task_extends_the_short_one():
+    """A run capped at many steps (a compute budget) needs a long stream of the 53 problems training may use;
+    its start is the stream a shorter run draws."""
+    default = ArithmeticTaskConfig()
+    long, short = tasks.train_problems(default, 20 * 16 + 64), tasks.train_problems(default, 104)
+    assert len(long) == 384 and long[:104] == short
+
+
 def test_config_validation_names_values():
     with pytest.raises(ValueError, match="train_seed=5 equals heldout_seed=5"):
         ArithmeticTaskConfig(train_seed=5, heldout_seed=5)

@@ -212,7 +212,7 @@ def train_problems(config: ArithmeticTaskConfig, size: int) -> list[dict[str, st
     when held-out problems cover the whole task space.
     """
     banned = heldout_keys(config)
-    draws = max(1000, 4 * size)
+    draws = max(1000, 50 * size)  # a small task space leaves few problems to training: the stream may run long
     out, _ = _draw(config, config.train_seed, size, draws, lambda p: canonical_key(p["expression"]) not in banned)
     if len(out) < size:
         raise ValueError(
