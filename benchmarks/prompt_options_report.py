@@ -16,7 +16,9 @@ seeds; the report names the settings it leaves out and the seeds they lack) and 
 - per run: the same numbers, so a reader can see which seed did what;
 - with a `grpo` run for every seed: the training wall-clock each setting takes to reach GRPO's final mean
   accuracy (at the first held-out evaluation after training began at or above it, as `d3s compare` counts),
-  and its ratio to GRPO's whole training wall-clock of the same seed.
+  and its ratio to GRPO's whole training wall-clock of the same seed, given only where both runs recorded one
+  machine (`d3s.app.machine.same_machine`, the rule `d3s compare` uses; "different machines" or "machine
+  unknown" otherwise).
 
 Seconds are wall-clock: compare runs timed on one machine with nothing else running.
 """
@@ -29,7 +31,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from d3s.app.compare.summary import _run_machine
 from d3s.app.intervals import mean_interval
+from d3s.app.machine import same_machine
 from d3s.app.runfiles import TIME_PREFIX, read_run_records, read_summary
 
 COUNTS = ("d3s/groups_generated", "d3s/signal_groups", "d3s/flat_groups_generated", "d3s/prompts_skipped",
@@ -51,6 +55,7 @@ def run_numbers(folder: Path) -> dict:
     return {
         "final": summary["after"]["accuracy"],
         "train_wall_s": summary["train_wall_s"],
+        "machine": _run_machine(folder),
         "evals": [r for r in records if r.get("type") == "eval" and r["step"] > 0],
         "steps": len(train),
         "no_signal": totals["d3s/no_signal_step"] / len(train),
@@ -100,6 +105,14 @@ def _ratio_mean(base: dict[int, dict], mine: dict[int, dict], key: str) -> float
 def to_target(run: dict, target: float) -> float | None:
     hit = next((e for e in run["evals"] if e["accuracy"] >= target - 1e-12), None)
     return None if hit is None else hit["wall_s"]
+
+
+def wall_ratio(run: dict, grpo: dict, wall: float) -> str:
+    """`wall` as a share of the GRPO run's training wall-clock, only where both were timed on one machine."""
+    same = same_machine(run["machine"], grpo["machine"])
+    if same is None:
+        return "machine unknown"
+    return f"{wall / grpo['train_wall_s']:.2f}x" if same else "different machines"
 
 
 def report(folder: Path, baseline: str, seeds: list[int] | None) -> str:
@@ -159,8 +172,7 @@ def report(folder: Path, baseline: str, seeds: list[int] | None) -> str:
             for s in seeds:
                 wall = to_target(table[name][s], target)
                 reached += wall is not None
-                cells.append("-" if wall is None else
-                             f"{wall / 60:.1f} min ({wall / grpo[s]['train_wall_s']:.2f}x)")
+                cells.append("-" if wall is None else f"{wall / 60:.1f} min ({wall_ratio(table[name][s], grpo[s], wall)})")
             out.append(f"| `{name}` | " + " | ".join(cells) + f" | {reached}/{len(seeds)} |")
     return "\n".join(out) + "\n"
 

@@ -5,7 +5,8 @@
 #
 #   bash benchmarks/race.sh default      # default task: grpo, d3s (default recipe), the paper's d3s, d1s-c; 8 seeds
 #   bash benchmarks/race.sh ablations    # default task, 4 seeds: d3s with mask_truncated_completions, without clipping
-#   bash benchmarks/race.sh arith2digit  # arith-2digit: grpo, d3s; 6 seeds
+#   bash benchmarks/race.sh arith2digit  # arith-2digit: grpo, d3s (its recipe's: the paper's cut), d3s with the
+#                                        # default recipe's floor; 6 seeds
 #   bash benchmarks/race.sh all          # the three, in this order
 #
 # D3S=... sets the command (default: d3s on PATH); RESULTS=... the folder of the campaigns
@@ -43,7 +44,8 @@ ablations() {
 }
 
 arith2digit() {
-    compare race-arith2digit --config arith-2digit --heldout_size 500 --variants grpo,d3s \
+    compare race-arith2digit --config arith-2digit --heldout_size 500 \
+        --variants grpo,d3s,d3s+min_tokens_per_rollout=4 \
         --seeds 11,12,13,14,15,16
 }
 

@@ -21,11 +21,19 @@ def _summary(final: float, train_wall_s: float, steps: int) -> dict:
             "train_wall_s": train_wall_s, "trained_tokens": 0.0}
 
 
-def _run(root, name, seed, final, train_wall_s, steps, evals=()):
+MACHINE = {"cpu_vendor": "AuthenticAMD", "cpu": "AMD EPYC", "cpu_family": 25, "cpu_model": 17, "cpu_stepping": 1,
+           "cpu_flags": ["avx2"], "cpu_count": 2, "accelerator": None, "processes": 1, "torch": "2.13.0",
+           "torch_threads": 2}
+
+
+def _run(root, name, seed, final, train_wall_s, steps, evals=(), machine=MACHINE):
     """A finished run folder: `steps` = [(generation s, groups generated, groups with signal, flat generated,
-    prompts skipped)], `evals` = [(step, accuracy, wall_s)]."""
+    prompts skipped)], `evals` = [(step, accuracy, wall_s)]; `machine` recorded in `run_config.json` (None: no
+    record)."""
     folder = root / f"{name}-seed{seed}"
     folder.mkdir()
+    if machine is not None:
+        (folder / "run_config.json").write_text(json.dumps({"run": {}, "trainer": {}, "machine": machine}))
     (folder / "summary.json").write_text(json.dumps(_summary(final, train_wall_s, len(steps))))
     rows = [{"type": "eval", "step": 0, "accuracy": 0.1, "wall_s": 0.0}]
     for i, (seconds, generated, signal, flat, skipped) in enumerate(steps, 1):
@@ -69,6 +77,15 @@ def test_report_pairs_each_setting_with_the_baseline(tmp_path):
     assert "| `d3s+prompt_skip` | 0.5 min (0.15x) | 1.3 min (0.80x) | 2/2 |" in text
     assert "| `d3s` | - | 0.7 min (0.40x) | 1/2 |" in text
     assert "| `grpo` | - | 1.7 min (1.00x) | 1/2 |" in text
+
+
+def test_report_gives_a_wall_clock_ratio_only_between_runs_timed_on_one_machine(tmp_path):
+    m = _module()
+    for seed, machine in ((1, dict(MACHINE, cpu_model=1)), (2, None), (3, MACHINE)):
+        _run(tmp_path, "d3s", seed, 0.5, 100.0, [(10, 4, 1, 3, 0)], [(1, 0.5, 30.0)], machine=machine)
+        _run(tmp_path, "grpo", seed, 0.5, 100.0, [(10, 4, 1, 3, 0)], [(1, 0.5, 60.0)])
+    text = m.report(tmp_path, "d3s", None)
+    assert "| `d3s` | 0.5 min (different machines) | 0.5 min (machine unknown) | 0.5 min (0.30x) | 3/3 |" in text
 
 
 def test_report_refuses_a_missing_baseline_and_old_records(tmp_path):
