@@ -103,8 +103,19 @@ def test_a_folder_with_another_program_s_run_config_is_refused_untouched(tmp_pat
     (out / "run_config.json").write_text('{"lr": 0.1}\n')  # not a d3s run's: no run and trainer settings
     assert train(out) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is not empty (1 entry: run_config.json) and holds no d3s run" in err[0], err
+    assert len(err) == 1 and "is not empty (1 entry: run_config.json) and holds no d3s run (its run_config.json: " \
+        "not a run config: it lacks the run and trainer settings)" in err[0], err
     assert snapshot(out) == {"run_config.json": b'{"lr": 0.1}\n'}
+
+
+def test_a_copied_run_whose_run_config_is_damaged_is_refused_naming_the_file(tmp_path, capsys):
+    out = tmp_path / "copied"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    (out / "run_config.json").write_text('{"run": {"model": "embedded"')  # cut short, no lock file beside it
+    assert train(out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no d3s run (its run_config.json: " in err[0] and "JSON" in err[0], err
 
 
 @pytest.mark.parametrize("make", ["file", "under_a_file"])

@@ -119,9 +119,11 @@ def claim_folder(out: Path, held: RunLock | None = None) -> RunLock:
             raise RunFolderError(f"output_dir {str(out)!r} cannot be read ({err.strerror})") from None
         if entries and not is_run_folder(out):
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            problem = read_run_config(out)[1]  # a run_config.json that is there but not a d3s run's: say why
+            why = f" (its run_config.json: {problem})" if problem else ""
             raise RunFolderError(
                 f"output_dir {str(out)!r} is not empty ({len(entries)} entr{'y' if len(entries) == 1 else 'ies'}: "
-                f"{shown}) and holds no d3s run; "
+                f"{shown}) and holds no d3s run{why}; "
                 "d3s train writes only into a new or empty folder or its own run's: pick another --output_dir"
             )
     if held is not None and held.fd is not None and held.folder == out.resolve():
