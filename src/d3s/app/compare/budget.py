@@ -32,12 +32,17 @@ SET_BY_BUDGET = ("compute_budget", "budget_eval_shares", "max_steps", "eval_ever
 """The `d3s train` fields that `--budget reference` sets for every run other than the reference."""
 
 
+def _given(name: str, argv: Sequence[str]) -> bool:
+    """Whether `--name` is among the `d3s train` options `argv` (as `--name value` or `--name=value`)."""
+    return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv)
+
+
 def check_budget_command(budget: str | None, reference: str, variants: Sequence[str], train_argv: Sequence[str],
                          points: int) -> None:
     """Refuse, in one line, a budget mode that cannot run."""
     if budget is None:
         for name in ("compute_budget", "budget_eval_shares"):
-            if f"--{name}" in train_argv or any(a.startswith(f"--{name}=") for a in train_argv):
+            if _given(name, train_argv):
                 raise RecipeError(f"--{name} is per run; give --budget reference to train every variant on the "
                                   "compute of the same seed's reference run")
         return
@@ -51,7 +56,7 @@ def check_budget_command(budget: str | None, reference: str, variants: Sequence[
         raise RecipeError(f"--budget_points {points} must be >= 1 (held-out evaluations over the budget, the end "
                           "included)")
     for name in SET_BY_BUDGET:
-        if name != "max_steps" and (f"--{name}" in train_argv or any(a.startswith(f"--{name}=") for a in train_argv)):
+        if name != "max_steps" and _given(name, train_argv):
             raise RecipeError(f"--{name} is set by d3s compare --budget for each run; remove it")
     for v in variants:
         if v == reference:
