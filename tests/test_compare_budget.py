@@ -16,6 +16,7 @@ from d3s.app.compare.command import refuse_mixed_machines
 from d3s.app.errors import RecipeError
 from d3s.app.intervals import mean_interval
 from d3s.app.machine import machine_description
+from d3s.app.plots import curve_at
 
 # ---------------------------------------------------------------------------------------------
 # The summary, by hand
@@ -111,6 +112,7 @@ def test_a_budgeted_comparison_trains_every_variant_on_the_reference_compute(tmp
     for key in ("diff_at_budget_mean", "diff_at_budget_ci", "auc_diff_mean", "auc_diff_ci"):
         assert key in b
     assert "At grpo's compute (the headline)" in (root / "compare.md").read_text()
+    assert (root / "compare-budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     capfd.readouterr()
     assert cli.main(argv) == 0  # the same command again reuses every run
     err = capfd.readouterr().err
@@ -143,3 +145,13 @@ def test_a_max_steps_for_a_budgeted_variant_is_refused(tmp_path, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "d3s+max_steps=9" in err and "max_steps" in err and len(err.splitlines()) == 1
+
+
+def test_a_budget_curve_is_read_between_and_beyond_its_evaluations():
+    points = [(0.0, 0.4), (0.2, 0.6), (0.5, 0.3), (1.02, 0.5)]
+    assert curve_at(points, 0.0) == 0.4
+    assert curve_at(points, 0.1) == pytest.approx(0.5)
+    assert curve_at(points, 0.2) == pytest.approx(0.6)
+    assert curve_at(points, 0.4) == pytest.approx(0.4)  # two thirds of the way from 0.6 down to 0.3
+    assert curve_at(points, 1.5) == 0.5 and curve_at([(0.0, 0.4), (0.9, 0.7)], 1.0) == 0.7  # the end holds
+    assert curve_at([(0.0, 0.4), (0.3, 0.5), (0.3, 0.6)], 0.3) == 0.5  # two evaluations at one share: the first

@@ -2,6 +2,7 @@
 give, and a figure edited by hand is caught."""
 
 import importlib.util
+import json
 import re
 import shutil
 from pathlib import Path
@@ -39,3 +40,61 @@ def test_a_figure_edited_by_hand_is_named(tmp_path):
 def test_an_interval_containing_zero_shows_nothing():
     assert figures.paired(0.022, (-0.105, 0.149)) == "+2.2 points [-10.5, +14.9], not shown"
     assert figures.paired(0.09, (0.016, 0.164)) == "+9.0 points [+1.6, +16.4]"
+
+
+# --- the race blocks, on a made-up compare.json ------------------------------------------------------------
+
+MACHINE = {"cpu_vendor": "AuthenticAMD", "cpu": "AMD EPYC", "cpu_family": 25, "cpu_model": 17, "cpu_stepping": 1,
+           "cpu_flags": ["avx2"], "cpu_count": 2, "accelerator": None, "processes": 1, "torch": "2.13.0",
+           "torch_threads": 2}
+
+
+def _variant(finals, ci, diffs_ci, reach, wall, machines):
+    seeds = [11, 12, 13, 14]
+    return {"final_accuracy_mean": sum(finals) / 4, "seed_ci95": ci,
+            "per_seed": [{"seed": s, "steps": 20, "train_wall_s": w, "machine": m}
+                         for s, w, m in zip(seeds, wall, machines)],
+            "budget": {"diff_at_budget_mean": None if diffs_ci is None else sum(diffs_ci) / 2,
+                       "diff_at_budget_ci": diffs_ci, "diff_at_budget_mdd": 0.1, "probability_of_improvement": 0.5,
+                       "auc_diff_mean": 0.01, "auc_diff_ci": [-0.02, 0.04],
+                       "seeds_reaching_target": sum(r is not None for r in reach),
+                       "compute_to_target_median": None,
+                       "per_seed": {str(s): {"compute_to_target": r} for s, r in zip(seeds, reach)}}}
+
+
+def _race_root(tmp_path, variants):
+    folder = tmp_path / figures.RESULTS / "race-default"
+    folder.mkdir(parents=True)
+    (folder / "compare.json").write_text(json.dumps(
+        {"mode": "budget", "reference": "grpo", "seeds": [11, 12, 13, 14], "variants": variants}))
+    return tmp_path
+
+
+def test_the_race_verdict_says_higher_lower_or_not_shown_and_counts_the_compute_target(tmp_path):
+    other = dict(MACHINE, cpu_model=1)
+    grpo = _variant([0.6] * 4, [0.5, 0.7], None, [0.9, 0.8, None, 1.0], [100, 100, 100, 100], [MACHINE] * 4)
+    up = _variant([0.7] * 4, [0.6, 0.8], [0.01, 0.19], [0.3, 0.4, 0.2, 0.41], [50, 60, 70, 80],
+                  [MACHINE, MACHINE, MACHINE, other])
+    down = _variant([0.5] * 4, [0.4, 0.6], [-0.2, -0.01], [0.2, None, None, None], [50] * 4, [MACHINE] * 4)
+    flat = _variant([0.6] * 4, [0.5, 0.7], [-0.05, 0.05], [0.1, 0.2, 0.3, None], [50] * 4, [MACHINE] * 4)
+    root = _race_root(tmp_path, {"grpo": grpo, "d3s": up, "d1s-c": down, "d3s+min_tokens_per_rollout=0": flat})
+    text = figures.race_verdict(root)
+    # 0.3, 0.4 and 0.2 are within 0.4x (0.41 is not): 3 of 4 meets the target of 75% of seeds
+    assert "D3S (default recipe, with the floor): higher, meets the compute target (3 of 4)" in text
+    assert "D1S-C: lower, misses the compute target (1 of 4)" in text
+    assert "paper's D3S: not shown, meets the compute target (3 of 4)" in text
+    table = figures.race_table(root, "race-default")
+    # wall-clock: the seed timed on another machine is left out, the mean of 50/100, 60/100, 70/100 remains
+    assert "| 0.60 (1 pairs left out) |" in table
+    assert "+10.0 points [+1.0, +19.0] |" in table and "-10.5 points [-20.0, -1.0] |" in table
+    assert "+0.0 points [-5.0, +5.0], not shown" in table
+
+
+def test_the_race_headline_names_a_task_not_run_yet(tmp_path):
+    grpo = _variant([0.6] * 4, [0.5, 0.7], None, [0.9] * 4, [100] * 4, [MACHINE] * 4)
+    root = _race_root(tmp_path, {"grpo": grpo, "d3s": _variant([0.7] * 4, [0.6, 0.8], [0.01, 0.19],
+                                                                  [0.3] * 4, [50] * 4, [MACHINE] * 4)})
+    text = figures.race_headline(root)
+    assert text.startswith("- The default task, 4 seeds (11-14), paired: GRPO ended at 60.0%")
+    assert "  - D3S (default recipe, with the floor): 70.0%, +10.0 points [+1.0, +19.0]" in text
+    assert text.endswith("- Not run yet: arith-2digit.")

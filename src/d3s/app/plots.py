@@ -37,13 +37,12 @@ def _series(records: list[dict], key: str, x: str) -> tuple[list[float], list[fl
     return xs, [p[1] for p in pts]
 
 
-def _figure(n_panels: int):
+def _figure(n_panels: int, cols: int = 4):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = 4
     rows = (n_panels + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     return plt, fig, axes.flatten()
@@ -105,6 +104,57 @@ def plot_compare(runs: dict[str, list[tuple[int, Path]]], out: Path, title: str 
     for ax, (key, panel_title, x) in zip(axes, _PANELS):
         _draw(ax, entries, key, panel_title, x)
     axes[1].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def curve_at(points: list[tuple[float, float]], share: float) -> float:
+    """A budget curve `[(compute share, accuracy), ...]` (shares increasing) at `share`: linear between two
+    evaluations, the first value before the first and the last after the last (a run ends where it ended)."""
+    if share <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if share <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (share - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def plot_budget(summary: dict, out: Path, title: str = "", grid_points: int = 101) -> Path:
+    """`d3s compare --budget`: held-out accuracy against the share of the same seed's reference compute, one thin
+    line per run and the mean over seeds thick (each run's curve taken at the same shares, `curve_at`); and beside
+    it each variant's difference to the same seed's reference run, in points."""
+    reference = summary["reference"]
+    grid = [i / (grid_points - 1) for i in range(grid_points)]
+    curves = {v: {s: p["curve"] for s, p in r["budget"]["per_seed"].items() if p["curve"]}
+              for v, r in summary["variants"].items()}
+    plt, fig, (acc, diff) = _figure(2, cols=2)
+    for i, (v, by_seed) in enumerate(curves.items()):
+        if not by_seed:
+            continue
+        color = f"C{i}"
+        for points in by_seed.values():
+            acc.plot([x for x, _ in points], [y for _, y in points], color=color, alpha=0.25, linewidth=0.8)
+        mean = [sum(curve_at(p, x) for p in by_seed.values()) / len(by_seed) for x in grid]
+        acc.plot(grid, mean, color=color, linewidth=2, label=f"{v} (mean of {len(by_seed)})")
+        if v == reference:
+            continue
+        paired = [s for s in by_seed if s in curves[reference]]
+        rows = [[100 * (curve_at(by_seed[s], x) - curve_at(curves[reference][s], x)) for x in grid] for s in paired]
+        for row in rows:
+            diff.plot(grid, row, color=color, alpha=0.25, linewidth=0.8)
+        if rows:
+            diff.plot(grid, [sum(col) / len(col) for col in zip(*rows)], color=color, linewidth=2, label=v)
+    diff.axhline(0, color="black", linewidth=0.8)
+    acc.set_title("held-out accuracy", fontsize=10)
+    diff.set_title(f"difference to {reference}, same seed (points)", fontsize=10)
+    for ax in (acc, diff):
+        ax.set_xlabel(f"compute spent (share of the same seed's {reference} run's estimated FLOPs)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -40,7 +40,7 @@ from d3s.app.compare.summary import run_dir, summarize
 from d3s.app.errors import RecipeError
 from d3s.app.machine import same_machine
 from d3s.app.options import parse_command
-from d3s.app.plots import plot_compare
+from d3s.app.plots import plot_budget, plot_compare
 from d3s.app.recipe import parse_train_args
 from d3s.app.runfiles import atomic_write_text, read_run_config, read_summary
 from d3s.app.runfolder import KeepCheckpoints, RunFolderError, is_run_folder, prune_checkpoints, training_changes
@@ -287,6 +287,10 @@ def cmd_compare(argv: Sequence[str]) -> int:
     atomic_write_text(root / "compare.md", md)
     plot_compare({v: [(s, run_dir(root, v, s) / "metrics.jsonl") for s in seeds] for v in variants},
                  root / "compare.png", title=f"{' vs '.join(variants)}, seeds {', '.join(map(str, seeds))}")
+    wrote = [root / "compare.md", root / "compare.json", root / "compare.png"]
+    if args.budget is not None:
+        wrote.append(plot_budget(summary, root / "compare-budget.png",
+                                 title=f"at {reference}'s compute, seeds {', '.join(map(str, seeds))}"))
     print(md)
-    print(f"d3s compare: wrote {root / 'compare.md'}, {root / 'compare.json'}, {root / 'compare.png'}")
+    print(f"d3s compare: wrote {', '.join(map(str, wrote))}")
     return 0
