@@ -202,7 +202,7 @@ def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
             f"machine ({different} reaching pairs timed on different machines and {unrecorded} whose machine was not "
             "recorded are left out): " + "; ".join(parts)
             + ". That lead comes from cheaper steps (the step-time column above): at equal steps a D3S run also "
-            "stops sooner, and no run has given D3S GRPO's compute. Generation, which every variant does in full, "
+            "stops sooner, having spent about half of GRPO's compute (the race above gives it GRPO's). Generation, which every variant does in full, "
             f"takes {bounds} of GRPO's step, so no variant's step can cost less than that here. Sources: {_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
 
 
@@ -238,6 +238,153 @@ def keep_last(root: Path, prefix: str = "") -> str:
                    f"final reached by the same seed in {same_seed_reach(root, folder, 'd3s+keep_last_in_loss', c['seeds'])} "
                    f"of {len(c['seeds'])} seeds")
     return "`--keep_last_in_loss true` on the paper's D3S, 5 seeds: " + "; ".join(out) + "."
+
+
+# --- the race: every variant at the same seed's GRPO compute (`d3s compare --budget reference`) ------------------
+
+RACE_TASKS = {"race-default": "the default task", "race-ablations": "the default task",
+              "race-arith2digit": "arith-2digit"}
+RACE_LABELS = {"grpo": "GRPO", "d3s+min_tokens_per_rollout=0": "paper's D3S", "d1s-c": "D1S-C",
+               "d3s+min_tokens_per_rollout=4": "D3S + floor (default recipe's setting)",
+               "d3s+mask_truncated_completions": "D3S (default recipe) + mask_truncated_completions",
+               "d3s+max_grad_norm=0": "D3S (default recipe), no gradient clipping"}
+TARGET_SHARE, TARGET_SEEDS = 0.4, 0.75  # the target: GRPO's final reached and held within 0.4x, in 3 of 4 seeds
+
+
+def race_label(folder: str, variant: str) -> str:
+    """`d3s` is the recipe's D3S: the default recipe has the floor of 4 tokens, arith-2digit's the paper's cut."""
+    if variant == "d3s":
+        return "paper's D3S (its recipe's)" if folder == "race-arith2digit" else "D3S (default recipe, with the floor)"
+    return RACE_LABELS.get(variant, variant)
+
+
+def n_seeds(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
+
+
+def seed_list(seeds: list[int]) -> str:
+    """'11-14' for consecutive seeds, else '11, 13, 14'."""
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def race_has_data(root: Path, folder: str) -> bool:
+    path = root / RESULTS / folder / "compare.json"
+    return path.is_file() and json.loads(path.read_text()).get("mode") == "budget"
+
+
+def _interval(values_ci: list[float] | None) -> str:
+    return "-" if values_ci is None else f"[{100 * values_ci[0]:.1f}, {100 * values_ci[1]:.1f}]"
+
+
+def verdict(diff: float | None, ci: list[float] | None) -> str:
+    """'higher', 'lower' (the 95% interval excludes zero) or 'not shown' (it includes zero, or there is none)."""
+    if diff is None or ci is None or ci[0] <= 0 <= ci[1]:
+        return "not shown"
+    return "higher" if ci[0] > 0 else "lower"
+
+
+def wall_ratio_at_budget(c: dict, variant: str) -> tuple[float | None, int]:
+    """Mean over seeds of the variant's training wall-clock over the same seed's reference run's, counting only
+    pairs timed on one recorded machine; and how many pairs that leaves out."""
+    ref = {r["seed"]: r for r in c["variants"][c["reference"]]["per_seed"]}
+    ratios, left_out = [], 0
+    for r in c["variants"][variant]["per_seed"]:
+        g = ref.get(r["seed"])
+        if g and same_machine(r.get("machine"), g.get("machine")) is True:
+            ratios.append(r["train_wall_s"] / g["train_wall_s"])
+        else:
+            left_out += 1
+    return (statistics.mean(ratios) if ratios else None), left_out
+
+
+def reached_early(b: dict) -> int:
+    return sum(p["compute_to_target"] is not None and p["compute_to_target"] <= TARGET_SHARE + 1e-12
+               for p in b["per_seed"].values())
+
+
+def race_table(root: Path, folder: str, prefix: str = "") -> str:
+    """Accuracy at the same seed's GRPO compute, paired against GRPO, with the area under the accuracy-vs-compute
+    curve and the compute needed to reach and hold the same seed's GRPO final accuracy."""
+    c = _compare(root, folder)
+    seeds, ref = c["seeds"], c["reference"]
+    lines = [f"| variant | held-out acc at GRPO's compute, mean [95% CI over {n_seeds(len(seeds))}] | vs GRPO, paired "
+             "[95% CI] | MDD | P(above GRPO) | area under acc-vs-compute, vs GRPO [95% CI] | reached and held the "
+             f"same seed's GRPO final | of which by {TARGET_SHARE}x GRPO's compute | median compute to it (x GRPO) | "
+             "steps | training wall-clock (x GRPO) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for v, r in c["variants"].items():
+        b = r["budget"]
+        steps = statistics.mean(p["steps"] for p in r["per_seed"])
+        median = b["compute_to_target_median"]
+        head = (f"| {race_label(folder, v)} | {pct(r['final_accuracy_mean'])} {_interval(r['seed_ci95'])} | ")
+        reach = (f"{b['seeds_reaching_target']} of {len(seeds)} | {reached_early(b)} of {len(seeds)} | "
+                 f"{'-' if median is None else f'{median:.2f}'} | {steps:.1f} |")
+        if v == ref:
+            lines.append(head + "- | - | - | - | " + reach + " 1.00 |")
+            continue
+        mdd = b["diff_at_budget_mdd"]
+        auc = "-" if b["auc_diff_mean"] is None else paired(b["auc_diff_mean"], b["auc_diff_ci"])
+        wall, left_out = wall_ratio_at_budget(c, v)
+        wall_text = "not compared" if wall is None else f"{wall:.2f}" + (f" ({left_out} pairs left out)" if left_out else "")
+        lines.append(head + f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])} | "
+                     f"{'-' if mdd is None else f'{100 * mdd:.1f} points'} | {100 * b['probability_of_improvement']:.0f}% | "
+                     f"{auc} | " + reach + f" {wall_text} |")
+    lines.append("")
+    lines.append(f"{'Seeds' if len(seeds) > 1 else 'Seed'} {seed_list(seeds)}, paired. Source: {_link(folder, prefix)} (`compare.json`). Every run trained "
+                 "until it had spent the same seed's GRPO estimated model FLOPs (generation included) and was "
+                 "evaluated at the same compute shares. MDD: the smallest true difference this many seeds detect "
+                 "(80% power, 5% level). The area under accuracy against compute share is the mean held-out "
+                 "accuracy over the budget. Reached and held: the compute share at which a run's held-out accuracy "
+                 "reached the same seed's GRPO final and stayed at or above it to the end. Wall-clock ratios only "
+                 "between runs timed on one recorded machine.")
+    return "\n".join(lines)
+
+
+def _race_item(folder: str, c: dict, v: str) -> str:
+    r, b = c["variants"][v], c["variants"][v]["budget"]
+    return (f"  - {race_label(folder, v)}: {pct(r['final_accuracy_mean'])}, "
+            f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}; reached and held the same seed's GRPO "
+            f"final in {b['seeds_reaching_target']} of {n_seeds(len(c['seeds']))}, {reached_early(b)} by "
+            f"{TARGET_SHARE}x its compute")
+
+
+def race_headline(root: Path, prefix: str = "") -> str:
+    """The compute-matched result on each race task that has data, and what is still to run."""
+    lines, missing = [], []
+    for folder in ("race-default", "race-arith2digit"):
+        if not race_has_data(root, folder):
+            missing.append(RACE_TASKS[folder])
+            continue
+        c = _compare(root, folder)
+        g = c["variants"][c["reference"]]
+        lines.append(f"- {RACE_TASKS[folder][0].upper()}{RACE_TASKS[folder][1:]}, {n_seeds(len(c['seeds']))} "
+                     f"({seed_list(c['seeds'])}), paired: GRPO ended at {pct(g['final_accuracy_mean'])}; at the same "
+                     f"compute ({_link(folder, prefix)}):")
+        lines += [_race_item(folder, c, v) for v in c["variants"] if v != c["reference"]]
+    if missing:
+        lines.append("- Not run yet: " + " and ".join(missing) + ".")
+    return "\n".join(lines)
+
+
+def race_verdict(root: Path, prefix: str = "") -> str:
+    """One line of what the race shows so far on the default task: for each D3S-family variant, whether its
+    accuracy at GRPO's compute is shown higher or lower, and whether the compute target holds."""
+    c = _compare(root, "race-default")
+    n = len(c["seeds"])
+    said = []
+    for v, r in c["variants"].items():
+        if v == c["reference"]:
+            continue
+        b = r["budget"]
+        early = reached_early(b)
+        target = "meets" if early >= TARGET_SEEDS * n else "misses"
+        said.append(f"{race_label('race-default', v)}: {verdict(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}, "
+                    f"{target} the compute target ({early} of {n})")
+    return (f"At GRPO's compute on the default task ({n_seeds(n)} so far), accuracy against GRPO, paired: "
+            + "; ".join(said) + f". The target: reaching and holding the same seed's GRPO final accuracy within "
+            f"{TARGET_SHARE}x of GRPO's compute in at least {TARGET_SEEDS:.0%} of seeds ({_link('race-default', prefix)}).")
 
 
 def _step_means(run: Path) -> dict[str, float]:
@@ -284,6 +431,9 @@ def generation(root: Path, prefix: str = "") -> str:
 
 
 FIGURES = {
+    "race-headline": race_headline,
+    "race-verdict": race_verdict,
+    "race-default": lambda root, prefix="": race_table(root, "race-default", prefix),
     "first-command": first_command,
     "generation": generation,
     "quick-evidence": quick_evidence,

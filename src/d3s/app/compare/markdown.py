@@ -51,7 +51,7 @@ def _accuracy(summary: dict) -> list[str]:
              ", ".join(_pct(a) for a in row["final_accuracy_per_seed"]),
              _points(row["diff_to_reference_mean"]) if v != ref else "-",
              _ci(row["diff_to_reference_ci95"], _points) if v != ref else "-",
-             _points(row["diff_to_reference_mdd"]) if v != ref and row.get("diff_to_reference_mdd") else "-",
+             f"{100 * row['diff_to_reference_mdd']:.1f}" if v != ref and row.get("diff_to_reference_mdd") else "-",
              _pct(row["no_signal_share_mean"])]
             for v, row in summary["variants"].items()]
     return _section(
@@ -222,7 +222,7 @@ def _budget(summary: dict) -> list[str]:
         mine = v != ref
         rows.append([v, _pct(sum(accs) / len(accs)), _points(b["diff_at_budget_mean"]) if mine else "-",
                      _shown(b["diff_at_budget_ci"]) if mine else "-",
-                     _points(b["diff_at_budget_mdd"]) if mine and b["diff_at_budget_mdd"] is not None else "-",
+                     f"{100 * b['diff_at_budget_mdd']:.1f}" if mine and b["diff_at_budget_mdd"] is not None else "-",
                      _pct(b["probability_of_improvement"]) if mine else "-",
                      _points(b["auc_diff_mean"]) if mine and b["auc_diff_mean"] is not None else "-",
                      _shown(b["auc_diff_ci"]) if mine else "-", reached,
