@@ -202,7 +202,7 @@ def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
             f"machine ({different} reaching pairs timed on different machines and {unrecorded} whose machine was not "
             "recorded are left out): " + "; ".join(parts)
             + ". That lead comes from cheaper steps (the step-time column above): at equal steps a D3S run also "
-            "stops sooner, having spent about half of GRPO's compute (the race above gives it GRPO's). Generation, which every variant does in full, "
+            "stops sooner, having spent less compute (the race above gives it GRPO's). Generation, which every variant does in full, "
             f"takes {bounds} of GRPO's step, so no variant's step can cost less than that here. Sources: {_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
 
 
