@@ -8,6 +8,7 @@
 #   bash benchmarks/race.sh arith2digit  # arith-2digit: grpo, d3s (its recipe's: the paper's cut), d3s with the
 #                                        # default recipe's floor; 6 seeds
 #   bash benchmarks/race.sh all          # the three, in this order
+#   bash benchmarks/race.sh snapshot     # compare.md/json/png of the seeds every arm has finished; trains nothing
 #
 # D3S=... sets the command (default: d3s on PATH); RESULTS=... the folder of the campaigns
 # (default: benchmarks/results). lscpu's output is saved beside each campaign's runs.
@@ -17,40 +18,67 @@ D3S=${D3S:-d3s}
 RESULTS=${RESULTS:-benchmarks/results}
 COMMON=(--budget reference --keep_checkpoints none --plots false)
 
-compare() {  # folder, then d3s compare options; lscpu's output is saved beside the runs afterwards
-    local out=$RESULTS/$1 status=0
-    shift
-    $D3S compare "$@" "${COMMON[@]}" --output_dir "$out" || status=$?
-    if [ -d "$out" ]; then lscpu > "$out/lscpu.txt"; fi
+# each campaign: its folder, its arms, its seeds and the other d3s compare options
+# held-out on the default task: 200 problems, the default recipe's; 1-digit 2-term arithmetic has 253 distinct
+# problems up to swapped operands, and the 53 the held-out set leaves are the training pool
+default_folder=race-default
+default_variants=grpo,d3s,d3s+min_tokens_per_rollout=0,d1s-c
+default_seeds=11,12,13,14,15,16,17,18
+default_options=()
+# the grpo and d3s runs of seeds 11-14 are those of `default`, copied once finished (compare reuses them)
+ablations_folder=race-ablations
+ablations_variants=grpo,d3s,d3s+mask_truncated_completions,d3s+max_grad_norm=0
+ablations_seeds=11,12,13,14
+ablations_options=()
+arith2digit_folder=race-arith2digit
+arith2digit_variants=grpo,d3s,d3s+min_tokens_per_rollout=4
+arith2digit_seeds=11,12,13,14,15,16
+arith2digit_options=(--config arith-2digit --heldout_size 500)
+
+campaign() {  # name [seeds]: the d3s compare command of that campaign, on its seeds or those given
+    local folder=${1}_folder variants=${1}_variants seeds=${1}_seeds options="${1}_options[@]"
+    $D3S compare ${!options+"${!options}"} --variants "${!variants}" --seeds "${2:-${!seeds}}" "${COMMON[@]}" \
+        --output_dir "$RESULTS/${!folder}"
+}
+
+run() {  # name: the campaign, then lscpu's output beside its runs
+    local folder=${1}_folder status=0
+    campaign "$1" || status=$?
+    if [ -d "$RESULTS/${!folder}" ]; then lscpu > "$RESULTS/${!folder}/lscpu.txt"; fi
     return $status
 }
 
-default() {
-    # held-out: 200 problems, the default recipe's; 1-digit 2-term arithmetic has 253 distinct problems up to
-    # swapped operands, and the 53 the held-out set leaves are the training pool
-    compare race-default --variants grpo,d3s,d3s+min_tokens_per_rollout=0,d1s-c --seeds 11,12,13,14,15,16,17,18
+finished_seeds() {  # name: the seeds for which every arm of the campaign has finished (comma-separated)
+    local folder=${1}_folder variants=${1}_variants seeds=${1}_seeds s v ok found=()
+    for s in ${!seeds//,/ }; do
+        ok=1
+        for v in ${!variants//,/ }; do [ -f "$RESULTS/${!folder}/$v-seed$s/summary.json" ] || ok=0; done
+        if [ $ok = 1 ]; then found+=("$s"); fi
+    done
+    (IFS=,; echo "${found[*]}")
 }
 
 ablations() {
-    # the grpo and d3s runs of seeds 11-14 are those of `default`, copied once finished (compare reuses them)
-    mkdir -p "$RESULTS/race-ablations"
-    for run in "$RESULTS"/race-default/{grpo,d3s}-seed{11,12,13,14}; do
-        if [ -f "$run/summary.json" ] && [ ! -e "$RESULTS/race-ablations/$(basename "$run")" ]; then
-            cp -r "$run" "$RESULTS/race-ablations/"
+    mkdir -p "$RESULTS/$ablations_folder"
+    for run in "$RESULTS/$default_folder"/{grpo,d3s}-seed{11,12,13,14}; do
+        if [ -f "$run/summary.json" ] && [ ! -e "$RESULTS/$ablations_folder/$(basename "$run")" ]; then
+            cp -r "$run" "$RESULTS/$ablations_folder/"
         fi
     done
-    compare race-ablations --variants grpo,d3s,d3s+mask_truncated_completions,d3s+max_grad_norm=0 \
-        --seeds 11,12,13,14
+    run ablations
 }
 
-arith2digit() {
-    compare race-arith2digit --config arith-2digit --heldout_size 500 \
-        --variants grpo,d3s,d3s+min_tokens_per_rollout=4 \
-        --seeds 11,12,13,14,15,16
+snapshot() {
+    local name seeds
+    for name in default ablations arith2digit; do
+        seeds=$(finished_seeds $name)
+        if [ -n "$seeds" ]; then campaign $name "$seeds"; else echo "race.sh: $name: no seed finished yet"; fi
+    done
 }
 
 case "${1:-}" in
-    default | ablations | arith2digit) "$1" ;;
-    all) default && ablations && arith2digit ;;
-    *) echo "usage: bash benchmarks/race.sh default|ablations|arith2digit|all" >&2; exit 2 ;;
+    default | arith2digit) run "$1" ;;
+    ablations | snapshot) "$1" ;;
+    all) run default && ablations && run arith2digit ;;
+    *) echo "usage: bash benchmarks/race.sh default|ablations|arith2digit|all|snapshot" >&2; exit 2 ;;
 esac
