@@ -299,9 +299,28 @@ def wall_ratio_at_budget(c: dict, variant: str) -> tuple[float | None, int]:
     return (statistics.mean(ratios) if ratios else None), left_out
 
 
-def reached_early(b: dict) -> int:
-    return sum(p["compute_to_target"] is not None and p["compute_to_target"] <= TARGET_SHARE + 1e-12
-               for p in b["per_seed"].values())
+def by_target_share(p: dict) -> str:
+    """Whether one run reached and held the same seed's GRPO final within `TARGET_SHARE` of its compute: "met",
+    "not met", or "can't tell" when the crossing lies between two evaluations on either side of the share. The
+    run was below the target at the evaluation before the one it held from, so it crossed in between."""
+    held = p["compute_to_target"]
+    if held is None:
+        return "not met"
+    if held <= TARGET_SHARE + 1e-9:
+        return "met"
+    before = max(x for x, _ in p["curve"] if x < held)
+    return "not met" if before >= TARGET_SHARE - 1e-9 else "can't tell"
+
+
+def target_counts(b: dict) -> tuple[int, int, int]:
+    """(met, can't tell, not met) over the seeds of a variant's `budget` object (`by_target_share`)."""
+    found = [by_target_share(p) for p in b["per_seed"].values()]
+    return found.count("met"), found.count("can't tell"), found.count("not met")
+
+
+def _target_text(b: dict) -> str:
+    met, unknown, _ = target_counts(b)
+    return f"{met}" + (f" (+{unknown} can't tell)" if unknown else "")
 
 
 def race_table(root: Path, folder: str, prefix: str = "") -> str:
@@ -319,7 +338,7 @@ def race_table(root: Path, folder: str, prefix: str = "") -> str:
         steps = statistics.mean(p["steps"] for p in r["per_seed"])
         median = b["compute_to_target_median"]
         head = (f"| {race_label(folder, v)} | {pct(r['final_accuracy_mean'])} {_interval(r['seed_ci95'])} | ")
-        reach = (f"{b['seeds_reaching_target']} of {len(seeds)} | {reached_early(b)} of {len(seeds)} | "
+        reach = (f"{b['seeds_reaching_target']} of {len(seeds)} | {_target_text(b)} of {len(seeds)} | "
                  f"{'-' if median is None else f'{median:.2f}'} | {steps:.1f} |")
         if v == ref:
             lines.append(head + "- | - | - | - | " + reach + " 1.00 |")
@@ -337,8 +356,10 @@ def race_table(root: Path, folder: str, prefix: str = "") -> str:
                  "evaluated at the same compute shares. MDD: the smallest true difference this many seeds detect "
                  "(80% power, 5% level). The area under accuracy against compute share is the mean held-out "
                  "accuracy over the budget. Reached and held: the compute share at which a run's held-out accuracy "
-                 "reached the same seed's GRPO final and stayed at or above it to the end. Wall-clock ratios only "
-                 "between runs timed on one recorded machine.")
+                 "reached the same seed's GRPO final and stayed at or above it to the end, at an evaluation: the run "
+                 "crossed between that evaluation and the one before, so a share is an upper bound; \"can't tell\": "
+                 f"the two evaluations lie on either side of {TARGET_SHARE}. Wall-clock ratios only between runs timed "
+                 "on one recorded machine.")
     return "\n".join(lines)
 
 
@@ -346,7 +367,7 @@ def _race_item(folder: str, c: dict, v: str) -> str:
     r, b = c["variants"][v], c["variants"][v]["budget"]
     return (f"  - {race_label(folder, v)}: {pct(r['final_accuracy_mean'])}, "
             f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}; reached and held the same seed's GRPO "
-            f"final in {b['seeds_reaching_target']} of {n_seeds(len(c['seeds']))}, {reached_early(b)} by "
+            f"final in {b['seeds_reaching_target']} of {n_seeds(len(c['seeds']))}, {_target_text(b)} by "
             f"{TARGET_SHARE}x its compute")
 
 
@@ -378,10 +399,11 @@ def race_verdict(root: Path, prefix: str = "") -> str:
         if v == c["reference"]:
             continue
         b = r["budget"]
-        early = reached_early(b)
-        target = "meets" if early >= TARGET_SEEDS * n else "misses"
+        met, unknown, _ = target_counts(b)
+        target = ("meets" if met >= TARGET_SEEDS * n else "misses" if met + unknown < TARGET_SEEDS * n
+                  else "may meet")
         said.append(f"{race_label('race-default', v)}: {verdict(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}, "
-                    f"{target} the compute target ({early} of {n})")
+                    f"{target} the compute target ({_target_text(b)} of {n})")
     return (f"At GRPO's compute on the default task ({n_seeds(n)} so far), accuracy against GRPO, paired: "
             + "; ".join(said) + f". The target: reaching and holding the same seed's GRPO final accuracy within "
             f"{TARGET_SHARE}x of GRPO's compute in at least {TARGET_SEEDS:.0%} of seeds ({_link('race-default', prefix)}).")
