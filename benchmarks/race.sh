@@ -33,7 +33,8 @@ ablations_options=()
 arith2digit_folder=race-arith2digit
 arith2digit_variants=grpo,d3s,d3s+min_tokens_per_rollout=4
 arith2digit_seeds=11,12,13,14,15,16
-arith2digit_options=(--config arith-2digit --heldout_size 500)
+# 10 evaluation points (every 2 of GRPO's 20 steps), so that one falls near 0.4 of the compute, the target's share
+arith2digit_options=(--config arith-2digit --heldout_size 500 --budget_points 10)
 
 campaign() {  # name [seeds]: the d3s compare command of that campaign, on its seeds or those given
     local folder=${1}_folder variants=${1}_variants seeds=${1}_seeds options="${1}_options[@]"
