@@ -10,11 +10,11 @@
 #   bash benchmarks/race.sh all          # the three, in this order
 #   bash benchmarks/race.sh snapshot     # compare.md/json/png of the seeds every arm has finished; trains nothing
 #
-# D3S=... sets the command (default: d3s on PATH); RESULTS=... the folder of the campaigns
+# D3S=... sets the command (default: .venv/bin/d3s where scripts/setup.sh made it, else d3s on PATH); RESULTS=... the folder of the campaigns
 # (default: benchmarks/results). lscpu's output is saved beside each campaign's runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-D3S=${D3S:-d3s}
+if [ -x .venv/bin/d3s ]; then D3S=${D3S:-.venv/bin/d3s}; else D3S=${D3S:-d3s}; fi
 RESULTS=${RESULTS:-benchmarks/results}
 COMMON=(--budget reference --keep_checkpoints none --plots false)
 
