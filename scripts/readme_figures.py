@@ -123,6 +123,20 @@ def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tupl
     return shares, different, unrecorded
 
 
+def step_ratio(c: dict, variant: str) -> tuple[float | None, int]:
+    """Mean over seeds of the variant's seconds per step over the same seed's GRPO run's, counting only pairs timed
+    on one recorded machine; and how many pairs that leaves out."""
+    grpo = {p["seed"]: p for p in c["variants"]["grpo"]["per_seed"]}
+    ratios, left_out = [], 0
+    for p in c["variants"][variant]["per_seed"]:
+        g = grpo.get(p["seed"])
+        if g and same_machine(p.get("machine"), g.get("machine")) is True:
+            ratios.append(p["step_seconds"]["step"] / g["step_seconds"]["step"])
+        else:
+            left_out += 1
+    return (statistics.mean(ratios) if ratios else None), left_out
+
+
 def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
     """Final accuracy, paired difference, work and when each variant reached GRPO's final accuracy."""
     c = _compare(root, folder)
@@ -134,20 +148,23 @@ def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
     for v, r in c["variants"].items():
         lo, hi = r["seed_ci95"]
         work = r["computed_tokens_mean"] / g["computed_tokens_mean"]
-        step = r["step_seconds_mean"]["step"] / g["step_seconds_mean"]["step"]
         if v == "grpo":
             lines.append(f"| {LABELS.get(v, v)} | {pct(r['final_accuracy_mean'])} [{100 * lo:.1f}, {100 * hi:.1f}] "
                          f"| - | 1.00 | 1.00 | - | - |")
             continue
         ahead, total = curve_ahead(root, folder, v, seeds)
+        ratio, left_out = step_ratio(c, v)
+        step = ("not compared" if ratio is None else f"{ratio:.2f}" + (f" ({len(seeds) - left_out} of {len(seeds)} "
+                "seeds)" if left_out else ""))
         lines.append(f"| {LABELS.get(v, v)} | {pct(r['final_accuracy_mean'])} [{100 * lo:.1f}, {100 * hi:.1f}] | "
-                     f"{paired(r['diff_to_reference_mean'], r['diff_to_reference_ci95'])} | {work:.2f} | {step:.2f} | "
+                     f"{paired(r['diff_to_reference_mean'], r['diff_to_reference_ci95'])} | {work:.2f} | {step} | "
                      f"{same_seed_reach(root, folder, v, seeds)} of {len(seeds)} seeds | "
                      f"{ahead} of {total} evaluations |")
     lines.append("")
     lines.append(f"Source: {_link(folder, prefix)} (`compare.json`; the last two columns from the runs' "
-                 "`metrics.jsonl`). All variants ran the same number of steps. Step time is the mean over seeds of "
-                 "each run's seconds per step, on whichever machine it ran (the folder's README says which).")
+                 "`metrics.jsonl`). All variants ran the same number of steps. Step time: the mean over seeds of a run's "
+                 "seconds per step over the same seed's GRPO run's, only for pairs timed on one recorded machine "
+                 "(the seeds counted are named where some pairs are not).")
     return "\n".join(lines)
 
 

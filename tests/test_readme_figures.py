@@ -106,3 +106,16 @@ def test_the_race_headline_names_a_task_not_run_yet(tmp_path):
     assert text.startswith("- The default task, 4 seeds (11-14), paired: GRPO ended at 60.0%")
     assert "  - D3S (default recipe, with the floor): 70.0%, +10.0 points [+1.0, +19.0]" in text
     assert text.endswith("- Not run yet: arith-2digit.")
+
+
+def test_the_step_time_ratio_pairs_seeds_timed_on_one_machine():
+    other = dict(MACHINE, cpu="Intel Xeon", cpu_vendor="GenuineIntel", cpu_family=6, cpu_model=207)
+
+    def runs(seconds, machines):
+        return {"per_seed": [{"seed": s, "step_seconds": {"step": x}, "machine": m}
+                             for s, x, m in zip([1, 2, 3], seconds, machines)]}
+    c = {"variants": {"grpo": runs([40, 40, 20], [MACHINE, MACHINE, other]),
+                      "d3s": runs([20, 10, 30], [MACHINE, MACHINE, MACHINE]),
+                      "d1s-c": runs([10, 10, 10], [other, other, MACHINE])}}
+    assert figures.step_ratio(c, "d3s") == (0.375, 1)  # (20/40 + 10/40) / 2; seed 3 timed on two machines
+    assert figures.step_ratio(c, "d1s-c") == (None, 3)  # no seed's pair on one machine: not compared
