@@ -380,6 +380,25 @@ def race_table(root: Path, folder: str, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+def race_settings(root: Path, folder: str, prefix: str = "") -> str:
+    """Each other non-reference arm against the recipe's D3S (`d3s`), paired by seed at the same compute (every
+    arm spent the same seed's GRPO FLOPs): which D3S setting the evidence favours."""
+    c = _compare(root, folder)
+    base = c["variants"]["d3s"]["budget"]["per_seed"]
+    said = []
+    for v, r in c["variants"].items():
+        if v in (c["reference"], "d3s"):
+            continue
+        mine = r["budget"]["per_seed"]
+        seeds = sorted(set(mine) & set(base), key=int)
+        acc = paired_between([mine[s]["accuracy_at_budget"] for s in seeds],
+                             [base[s]["accuracy_at_budget"] for s in seeds])
+        auc = paired_between([mine[s]["auc"] for s in seeds], [base[s]["auc"] for s in seeds])
+        said.append(f"{race_label(folder, v)} {acc} at the budget, {auc} in area under the curve")
+    return (f"Against {race_label(folder, 'd3s')}, paired by seed at the same compute ({n_seeds(len(base))}, "
+            f"{_link(folder, prefix)}): " + "; ".join(said) + ".")
+
+
 def _race_item(folder: str, c: dict, v: str) -> str:
     r, b = c["variants"][v], c["variants"][v]["budget"]
     return (f"  - {race_label(folder, v)}: {pct(r['final_accuracy_mean'])}, "
@@ -473,6 +492,7 @@ FIGURES = {
     "race-headline": race_headline,
     "race-verdict": race_verdict,
     "race-default": lambda root, prefix="": race_table(root, "race-default", prefix),
+    "race-default-settings": lambda root, prefix="": race_settings(root, "race-default", prefix),
     "first-command": first_command,
     "generation": generation,
     "quick-evidence": quick_evidence,

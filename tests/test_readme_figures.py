@@ -119,3 +119,20 @@ def test_the_step_time_ratio_pairs_seeds_timed_on_one_machine():
                       "d1s-c": runs([10, 10, 10], [other, other, MACHINE])}}
     assert figures.step_ratio(c, "d3s") == (0.375, 1)  # (20/40 + 10/40) / 2; seed 3 timed on two machines
     assert figures.step_ratio(c, "d1s-c") == (None, 3)  # no seed's pair on one machine: not compared
+
+
+def test_the_d3s_settings_are_paired_against_the_recipes_d3s_seed_by_seed(tmp_path):
+    def arm(acc, auc):
+        v = _variant([0.6] * 4, [0.5, 0.7], [-0.1, 0.1], [None] * 4, [50] * 4, [MACHINE] * 4)
+        for s, a, u in zip(["11", "12", "13", "14"], acc, auc):
+            v["budget"]["per_seed"][s].update(accuracy_at_budget=a, auc=u)
+        return v
+    root = _race_root(tmp_path, {"grpo": arm([0.5] * 4, [0.4] * 4),
+                                 "d3s": arm([0.60, 0.62, 0.58, 0.60], [0.5] * 4),
+                                 "d1s-c": arm([0.70, 0.72, 0.70, 0.68], [0.5, 0.6, 0.5, 0.6])})
+    text = figures.race_settings(root, "race-default")
+    # differences 0.10, 0.10, 0.12, 0.08: mean 0.10, sd 0.0163, t(3) 3.182 -> +/- 0.0260
+    assert "D1S-C +10.0 points [+7.4, +12.6] at the budget" in text
+    # area differences 0, 0.1, 0, 0.1: mean 0.05, sd 0.0577 -> +/- 0.0919
+    assert "+5.0 points [-4.2, +14.2], not shown in area under the curve" in text
+    assert "GRPO" not in text  # the reference is not a D3S setting
