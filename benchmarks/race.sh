@@ -6,7 +6,7 @@
 #   bash benchmarks/race.sh default      # default task: grpo, d3s (default recipe), the paper's d3s, d1s-c; 8 seeds
 #   bash benchmarks/race.sh ablations    # default task, 4 seeds: d3s with mask_truncated_completions, without clipping
 #   bash benchmarks/race.sh arith2digit  # arith-2digit: grpo, d3s (its recipe's: the paper's cut), d3s with the
-#                                        # default recipe's floor; 6 seeds
+#                                        # default recipe's floor, d1s-c (best on the default task); 6 seeds
 #   bash benchmarks/race.sh all          # the three, in this order
 #   bash benchmarks/race.sh snapshot     # compare.md/json/png of the seeds every arm has finished; trains nothing
 #
@@ -31,7 +31,9 @@ ablations_variants=grpo,d3s,d3s+mask_truncated_completions,d3s+max_grad_norm=0
 ablations_seeds=11,12,13,14
 ablations_options=()
 arith2digit_folder=race-arith2digit
-arith2digit_variants=grpo,d3s,d3s+min_tokens_per_rollout=4
+# d1s-c: the arm with the largest paired gain over GRPO at GRPO's compute on the default task (race-default,
+# seeds 11-17), raced here on another task and fresh runs before it can become the default recipe's variant
+arith2digit_variants=grpo,d3s,d3s+min_tokens_per_rollout=4,d1s-c
 arith2digit_seeds=11,12,13,14,15,16
 # 10 evaluation points (every 2 of GRPO's 20 steps), so that one falls near 0.4 of the compute, the target's share
 arith2digit_options=(--config arith-2digit --heldout_size 500 --budget_points 10)
