@@ -663,6 +663,27 @@ def test_a_killed_compare_takes_its_run_with_it(tmp_path):
     assert not (run / "summary.json").exists()
 
 
+def test_sigterms_in_a_row_stop_the_run_once_and_it_says_so(tmp_path):
+    """A parent's death reaches a run once per thread that inherited the request, so SIGTERMs can come in a row:
+    the first stops the run, which saves its last step and says so (exit 143); the later ones change nothing
+    (once, they landed after the run's handler was gone and killed it mid-save, without a word)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "d3s.cli", "train", "--config", "smoke", "--max_steps", "400",
+                             "--eval_every", "0", "--save_steps", "100", "--output_dir", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(trained(out, 2), proc)
+    for _ in range(4):
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.03)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    said = lines(err)
+    assert said[-1].startswith("d3s train: terminated (SIGTERM) after step "), said[-3:]
+    step = int(said[-1].split("after step ")[1].split(";")[0])
+    assert f"checkpoint-{step} holds step {step}" in said[-1]
+    assert (out / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+
 ORPHAN = """
 import os, subprocess, sys
 env = {**os.environ, sys.argv[1]: str(os.getpid())}

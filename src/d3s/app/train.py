@@ -106,19 +106,27 @@ class _Terminated(KeyboardInterrupt):
 
 
 class _StopSignals:
-    """While active, SIGTERM stops the run like Ctrl-C (Python's default for SIGTERM is to die at once)."""
+    """While active, SIGTERM stops the run like Ctrl-C (Python's default for SIGTERM is to die at once). The first
+    SIGTERM stops it; any later one is ignored, so that the run can save and say so: a parent's death reaches a
+    run of `d3s compare` once per thread that inherited the request (`child_process.stop_with_parent`), and a
+    second one would otherwise land after the handler is gone and kill the run mid-save without a word."""
 
     def __enter__(self):
         self.previous = None
+        self.received = False
         if threading.current_thread() is threading.main_thread():
             def terminated(signum, frame):
+                if self.received:
+                    return
+                self.received = True
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 raise _Terminated()
 
             self.previous = signal.signal(signal.SIGTERM, terminated)
         return self
 
     def __exit__(self, *exc):
-        if self.previous is not None:
+        if self.previous is not None and not self.received:
             signal.signal(signal.SIGTERM, self.previous)
         return False
 
