@@ -123,18 +123,23 @@ def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tupl
     return shares, different, unrecorded
 
 
-def step_ratio(c: dict, variant: str) -> tuple[float | None, int]:
-    """Mean over seeds of the variant's seconds per step over the same seed's GRPO run's, counting only pairs timed
-    on one recorded machine; and how many pairs that leaves out."""
-    grpo = {p["seed"]: p for p in c["variants"]["grpo"]["per_seed"]}
+def same_machine_ratio(c: dict, variant: str, value, reference: str = "grpo") -> tuple[float | None, int]:
+    """Mean over seeds of `value(run)` for the variant over the same for the same seed's reference run, counting only
+    pairs timed on one recorded machine; and how many pairs that leaves out."""
+    ref = {r["seed"]: r for r in c["variants"][reference]["per_seed"]}
     ratios, left_out = [], 0
-    for p in c["variants"][variant]["per_seed"]:
-        g = grpo.get(p["seed"])
-        if g and same_machine(p.get("machine"), g.get("machine")) is True:
-            ratios.append(p["step_seconds"]["step"] / g["step_seconds"]["step"])
+    for r in c["variants"][variant]["per_seed"]:
+        g = ref.get(r["seed"])
+        if g and same_machine(r.get("machine"), g.get("machine")) is True:
+            ratios.append(value(r) / value(g))
         else:
             left_out += 1
     return (statistics.mean(ratios) if ratios else None), left_out
+
+
+def step_ratio(c: dict, variant: str) -> tuple[float | None, int]:
+    """The variant's seconds per step over the same seed's GRPO run's (`same_machine_ratio`)."""
+    return same_machine_ratio(c, variant, lambda r: r["step_seconds"]["step"])
 
 
 def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
@@ -303,17 +308,8 @@ def verdict(diff: float | None, ci: list[float] | None) -> str:
 
 
 def wall_ratio_at_budget(c: dict, variant: str) -> tuple[float | None, int]:
-    """Mean over seeds of the variant's training wall-clock over the same seed's reference run's, counting only
-    pairs timed on one recorded machine; and how many pairs that leaves out."""
-    ref = {r["seed"]: r for r in c["variants"][c["reference"]]["per_seed"]}
-    ratios, left_out = [], 0
-    for r in c["variants"][variant]["per_seed"]:
-        g = ref.get(r["seed"])
-        if g and same_machine(r.get("machine"), g.get("machine")) is True:
-            ratios.append(r["train_wall_s"] / g["train_wall_s"])
-        else:
-            left_out += 1
-    return (statistics.mean(ratios) if ratios else None), left_out
+    """The variant's training wall-clock over the same seed's reference run's (`same_machine_ratio`)."""
+    return same_machine_ratio(c, variant, lambda r: r["train_wall_s"], c["reference"])
 
 
 def by_target_share(p: dict) -> str:
