@@ -684,6 +684,26 @@ def test_sigterms_in_a_row_stop_the_run_once_and_it_says_so(tmp_path):
     assert (out / f"checkpoint-{step}" / "trainer_state.json").is_file()
 
 
+def test_a_sigterm_before_training_stops_the_run_and_it_says_so(tmp_path):
+    """A SIGTERM while the run loads (or evaluates, or writes its plots) stops it as Ctrl-C does: one line, exit
+    143, the folder free for the same command; before, Python's default ended it at once, without a word."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "d3s.cli", "train", "--config", "smoke", "--max_steps", "2", "--eval_every", "0",
+           "--output_dir", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(lambda: (out / LOCK_NAME).is_file(), proc)  # the folder is claimed; the model is not loaded yet
+    for _ in range(3):
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.03)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    assert lines(err)[-1] == "d3s train: terminated (SIGTERM); rerun the same command to resume", err[-3000:]
+    assert not (out / "metrics.jsonl").is_file() or '"type": "train"' not in (out / "metrics.jsonl").read_text()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert read_summary(out)[0]["steps"] == 2
+
+
 ORPHAN = """
 import os, subprocess, sys
 env = {**os.environ, sys.argv[1]: str(os.getpid())}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from d3s.app.compare import cmd_compare
-from d3s.app.errors import UsageError
+from d3s.app.errors import Terminated, UsageError
 from d3s.app.evaluation.report import load_results, render_report, render_table
 from d3s.app.evaluation.runner import EvalConfig, run_eval
 from d3s.app.options import dataclass_parser, parse_command, parse_dataclasses
@@ -142,9 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_EXIT
     except SystemExit as e:  # argparse: --help (0) or a bad option (2, message already printed)
         return e.code if isinstance(e.code, int) else USAGE_EXIT
-    except KeyboardInterrupt:
-        print(f"d3s {name}: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        what, code = ("terminated (SIGTERM)", 143) if isinstance(stop, Terminated) else ("interrupted", 130)
+        print(f"d3s {name}: {what}; rerun the same command to resume", file=sys.stderr)
+        return code
 
 
 def run() -> NoReturn:

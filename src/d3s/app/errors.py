@@ -10,6 +10,11 @@ class UsageError(ValueError):
     line naming the value and what would be valid; `d3s` prints it and exits with status 2."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that a command stops the same way (Python's default for SIGTERM is to die at
+    once, without a word); `d3s` then says so and exits with status 143."""
+
+
 class RecipeError(UsageError):
     """A recipe or command line that cannot be used; the message is one line for the user."""
 

@@ -49,7 +49,7 @@ import torch
 
 from d3s.app.budget import budget_spent, budget_summary, count_compute, run_budget
 from d3s.app.child_process import stop_with_parent
-from d3s.app.errors import RecipeError
+from d3s.app.errors import RecipeError, Terminated
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.machine import machine_description
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
@@ -101,32 +101,29 @@ class RunStopped(Exception):
         self.code = code
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that the run stops the same way."""
-
-
 class _StopSignals:
     """While active, SIGTERM stops the run like Ctrl-C (Python's default for SIGTERM is to die at once). The first
-    SIGTERM stops it; any later one is ignored, so that the run can save and say so: a parent's death reaches a
-    run of `d3s compare` once per thread that inherited the request (`child_process.stop_with_parent`), and a
-    second one would otherwise land after the handler is gone and kill the run mid-save without a word."""
+    SIGTERM stops it; any later one is ignored to the end of the process, so that the run can save and say so: a
+    parent's death reaches a run of `d3s compare` once per thread that inherited the request
+    (`child_process.stop_with_parent`), and a second one would otherwise land after the handler is gone and kill
+    the run mid-save without a word. `d3s train` holds one for the whole command, one more for training."""
 
     def __enter__(self):
-        self.previous = None
-        self.received = False
+        self.previous = self.handler = None
         if threading.current_thread() is threading.main_thread():
             def terminated(signum, frame):
-                if self.received:
+                if signal.getsignal(signal.SIGTERM) is not terminated:  # one already pending as it was ignored
                     return
-                self.received = True
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                raise _Terminated()
+                raise Terminated()
 
+            self.handler = terminated
             self.previous = signal.signal(signal.SIGTERM, terminated)
         return self
 
     def __exit__(self, *exc):
-        if self.previous is not None and not self.received:
+        # Once a SIGTERM came (here or in a nested stop), SIGTERM stays ignored until the process ends.
+        if self.handler is not None and signal.getsignal(signal.SIGTERM) is self.handler:
             signal.signal(signal.SIGTERM, self.previous)
         return False
 
@@ -141,7 +138,7 @@ def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: Base
           unloadable: dict[str, str]) -> RunStopped:
     """After training stopped early: keep the last finished step (its record, a checkpoint with its
     RNG states), tell the user in one line what is saved and how to continue; the exit status."""
-    if isinstance(err, _Terminated):
+    if isinstance(err, Terminated):
         what, code = "terminated (SIGTERM)", 143
     elif isinstance(err, KeyboardInterrupt):
         what, code = "interrupted", 130
@@ -411,20 +408,21 @@ def cmd_train(argv) -> int:
         )
         parser.print_help()
         return 0
-    stop_with_parent()  # a run of d3s compare stops when compare dies
-    set_offline_defaults()
-    # a folder in use is refused before the frameworks are imported (minutes on a loaded machine)
-    held = lock_existing_run(Path(named)) if (named := _output_dir_named(argv)) and _main_process() else None
-    try:
-        run, config, recipe = parse_train_args(argv)
-        run_train(run, config, recipe, held)
-    except RunStopped as stop:  # already reported in one line
-        return stop.code
-    except (FileNotFoundError, FileExistsError) as err:  # a missing model/dataset
-        raise RecipeError(str(err)) from None
-    finally:
-        if held is not None:
-            held.release()
+    with _StopSignals():  # a SIGTERM before or after training stops the command as Ctrl-C does, and it says so
+        stop_with_parent()  # a run of d3s compare stops when compare dies
+        set_offline_defaults()
+        # a folder in use is refused before the frameworks are imported (minutes on a loaded machine)
+        held = lock_existing_run(Path(named)) if (named := _output_dir_named(argv)) and _main_process() else None
+        try:
+            run, config, recipe = parse_train_args(argv)
+            run_train(run, config, recipe, held)
+        except RunStopped as stop:  # already reported in one line
+            return stop.code
+        except (FileNotFoundError, FileExistsError) as err:  # a missing model/dataset
+            raise RecipeError(str(err)) from None
+        finally:
+            if held is not None:
+                held.release()
     return 0
 
 
