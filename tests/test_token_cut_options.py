@@ -224,6 +224,20 @@ def test_token_cut_warnings_name_the_setting_to_change():
     assert token_cut_warnings([5.0, 6.0, 7.0], [1, 1, 1], k_init=0.2, k_final=0.2, token_cut="sign") == {}
 
 
+def test_few_tokens_under_a_floor_and_masked_truncation_names_the_cause():
+    """With `mask_truncated_completions` a kept rollout cut off at the length cap has no token in the loss, which
+    a floor cannot change: the warning says so, and does not advise the floor the run already has."""
+    few = [0.5, 1.0, 0.9, 2.5]
+    found = token_cut_warnings(few, [0] * 4, k_init=0.05, k_final=0.2, min_tokens_per_rollout=4)["few_tokens"]
+    assert "a floor of 4" in found and "min_tokens_per_rollout" not in found and "raise k_init" in found
+    found = token_cut_warnings(few, [0] * 4, k_init=0.05, k_final=0.2, min_tokens_per_rollout=4, mask_truncated=True,
+                               clipped=[0.5, 0.7, 0.6, 0.8])["few_tokens"]
+    assert "0.9 tokens per kept rollout" in found and "(65% of completions were)" in found
+    assert found.index("mask_truncated_completions off") < found.index("raise k_init")  # the cause first
+    plain = token_cut_warnings(few, [0] * 4, k_init=0.05, k_final=0.2)["few_tokens"]
+    assert "mask_truncated_completions" not in plain and "set min_tokens_per_rollout (e.g. 4)" in plain
+
+
 def test_a_drift_to_the_length_cap_is_said_with_what_to_compare():
     ok = [8.0] * 10
     drift = [0.0, 0.1, 0.0, 0.1, 0.0] + [0.3, 0.5, 0.7, 0.8, 0.9]  # last 5: 64% against 4%
@@ -251,7 +265,8 @@ def test_the_live_diagnosis_says_the_drift_once(capsys):
 
     from d3s.integrations.trl.step_metrics import TokenCutDiagnosis
 
-    diagnosis = TokenCutDiagnosis(SimpleNamespace(k_init=0.05, k_final=0.2, token_cut="batch", keep_last_in_loss=False))
+    diagnosis = TokenCutDiagnosis(SimpleNamespace(k_init=0.05, k_final=0.2, token_cut="batch", keep_last_in_loss=False,
+                                                  min_tokens_per_rollout=0))
     for share in [0.0] * 5 + [0.6] * 7:
         diagnosis.update(8.0, False, True, clipped=share)
     assert capsys.readouterr().err.count("stay at max_completion_length") == 1

@@ -143,7 +143,8 @@ LENGTH_CAP_SHARE = 0.5
 
 def token_cut_warnings(
     tokens_per_rollout: list[float], one_sided: list[float], *, k_init: float, k_final: float, token_cut: str = "batch",
-    clipped: list[float] | None = None, keep_last_in_loss: bool = False,
+    clipped: list[float] | None = None, keep_last_in_loss: bool = False, min_tokens_per_rollout: int = 0,
+    mask_truncated: bool = False,
 ) -> dict[str, str]:
     """What the token cut's record says is degenerate, each with the setting to change (empty: nothing).
 
@@ -153,7 +154,10 @@ def token_cut_warnings(
         tokens_per_rollout: tokens in the loss per kept rollout (`d3s/tokens_per_kept_rollout`) of each step of a
             run with a token cut.
         one_sided: `d3s/one_sided` (0/1) of each step so far.
-        k_init, k_final, token_cut, keep_last_in_loss: the run's token-cut settings (named in the messages).
+        k_init, k_final, token_cut, keep_last_in_loss, min_tokens_per_rollout: the run's token-cut settings (named
+            in the messages; a floor already set is not advised again).
+        mask_truncated: TRL's `mask_truncated_completions`: a completion cut off at the length cap has no token in
+            the loss, yet the rollout selection can keep it; 'few_tokens' then names that first.
         clipped: the share of completions cut off at `max_completion_length` (TRL's `completions/clipped_ratio`)
             of each generation batch so far; 'length_cap' when the last `LENGTH_CAP_WINDOW` average at least
             `LENGTH_CAP_SHARE` and no less than the first ones (a run that learns shorter answers lowers it).
@@ -177,10 +181,17 @@ def token_cut_warnings(
         return found
     median = statistics.median(tokens_per_rollout)
     if median < FEW_TOKENS_PER_ROLLOUT:
+        advice = ["raise k_init"] + (["set min_tokens_per_rollout (e.g. 4)"] if not min_tokens_per_rollout else [])
+        advice = ", ".join(advice) + ", or set token_cut='rollout'"
+        if mask_truncated:
+            cut = f" ({statistics.mean(clipped):.0%} of completions were)" if clipped else ""
+            advice = ("mask_truncated_completions leaves every completion cut off at max_completion_length out of the "
+                      f"loss{cut}, and the rollout selection still keeps such rollouts: raise max_completion_length "
+                      f"or turn mask_truncated_completions off; else {advice}")
+        floor = f", a floor of {min_tokens_per_rollout}" if min_tokens_per_rollout else ""
         found["few_tokens"] = (
             f"the token cut leaves {median:.1f} tokens per kept rollout (median of {len(tokens_per_rollout)} steps; "
-            f"K = {k_init:g} -> {k_final:g} of short completions): raise k_init, or set "
-            "min_tokens_per_rollout (e.g. 4) or token_cut='rollout'"
+            f"K = {k_init:g} -> {k_final:g} of short completions{floor}): {advice}"
         )
     if one_sided:
         share = sum(v > 0.5 for v in one_sided) / len(one_sided)

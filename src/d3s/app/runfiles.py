@@ -325,7 +325,8 @@ def no_signal_share(records: list[dict]) -> float | None:
 
 
 def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_final, token_cut: str,
-                      max_grad_norm: float | None, keep_last_in_loss: bool = False) -> dict[str, Any] | None:
+                      max_grad_norm: float | None, keep_last_in_loss: bool = False, min_tokens_per_rollout: int = 0,
+                      mask_truncated: bool = False) -> dict[str, Any] | None:
     """What `summary.json` says of the token cut and the update size: median tokens in the loss per kept rollout,
     the share of one-sided steps (`d3s/one_sided`), of steps whose gradient norm was clipped (`grad_norm`, logged
     before clipping, above `max_grad_norm`), and the token cut's warnings (`d3s.metrics.token_cut_warnings`).
@@ -345,7 +346,8 @@ def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_f
     warnings = {}
     if token_selection:
         warnings = token_cut_warnings(per_rollout, one_sided, k_init=k_init, k_final=k_final, token_cut=token_cut,
-                                      clipped=values("completions/clipped_ratio"), keep_last_in_loss=keep_last_in_loss)
+                                      clipped=values("completions/clipped_ratio"), keep_last_in_loss=keep_last_in_loss,
+                                      min_tokens_per_rollout=min_tokens_per_rollout, mask_truncated=mask_truncated)
     clip = max_grad_norm if max_grad_norm and max_grad_norm > 0 else None
     return {
         "tokens_per_kept_rollout": statistics.median(per_rollout) if per_rollout else None,
@@ -406,7 +408,8 @@ def run_summary(run, config, steps: int, heldout_size: int, before: dict | None,
         "token_cut": token_cut_summary(
             run_log.records, token_selection=bool(config.token_selection), k_init=config.k_init,
             k_final=config.k_final, token_cut=config.token_cut, max_grad_norm=config.max_grad_norm,
-            keep_last_in_loss=bool(config.keep_last_in_loss),
+            keep_last_in_loss=bool(config.keep_last_in_loss), min_tokens_per_rollout=config.min_tokens_per_rollout or 0,
+            mask_truncated=bool(config.mask_truncated_completions),
         ),
         "command_wall_s": time.perf_counter() - started,
         "code_version": version,

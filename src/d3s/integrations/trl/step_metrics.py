@@ -158,7 +158,9 @@ class TokenCutDiagnosis:
         args = self.args
         found = token_cut_warnings(self.tokens_per_rollout, self.one_sided, k_init=args.k_init, k_final=args.k_final,
                                    token_cut=args.token_cut, clipped=self.clipped,
-                                   keep_last_in_loss=bool(args.keep_last_in_loss))
+                                   keep_last_in_loss=bool(args.keep_last_in_loss),
+                                   min_tokens_per_rollout=args.min_tokens_per_rollout or 0,
+                                   mask_truncated=bool(getattr(args, "mask_truncated_completions", False)))
         for kind, message in found.items():
             if kind not in self.said:  # one warning per kind, the first time it holds
                 self.said.add(kind)
