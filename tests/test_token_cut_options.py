@@ -266,7 +266,7 @@ def test_the_live_diagnosis_says_the_drift_once(capsys):
     from d3s.integrations.trl.step_metrics import TokenCutDiagnosis
 
     diagnosis = TokenCutDiagnosis(SimpleNamespace(k_init=0.05, k_final=0.2, token_cut="batch", keep_last_in_loss=False,
-                                                  min_tokens_per_rollout=0))
+                                                  min_tokens_per_rollout=0, mask_truncated_completions=False))
     for share in [0.0] * 5 + [0.6] * 7:
         diagnosis.update(8.0, False, True, clipped=share)
     assert capsys.readouterr().err.count("stay at max_completion_length") == 1

@@ -112,8 +112,6 @@ class _StopSignals:
         self.previous = self.handler = None
         if threading.current_thread() is threading.main_thread():
             def terminated(signum, frame):
-                if signal.getsignal(signal.SIGTERM) is not terminated:  # one already pending as it was ignored
-                    return
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 raise Terminated()
 

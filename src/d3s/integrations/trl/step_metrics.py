@@ -160,7 +160,7 @@ class TokenCutDiagnosis:
                                    token_cut=args.token_cut, clipped=self.clipped,
                                    keep_last_in_loss=bool(args.keep_last_in_loss),
                                    min_tokens_per_rollout=args.min_tokens_per_rollout or 0,
-                                   mask_truncated=bool(getattr(args, "mask_truncated_completions", False)))
+                                   mask_truncated=bool(args.mask_truncated_completions))
         for kind, message in found.items():
             if kind not in self.said:  # one warning per kind, the first time it holds
                 self.said.add(kind)
