@@ -270,6 +270,7 @@ RACE_LABELS = {"grpo": "GRPO", "d3s+min_tokens_per_rollout=0": "paper's D3S", "d
                "d3s+min_tokens_per_rollout=4": "D3S + floor (default recipe's setting)",
                "d3s+mask_truncated_completions": "D3S (default recipe) + mask_truncated_completions",
                "d3s+max_grad_norm=0": "D3S (default recipe), no gradient clipping"}
+RACE_SEEDS = {"race-default": 8, "race-ablations": 4, "race-arith2digit": 6}  # each campaign's seeds when finished
 TARGET_SHARE, TARGET_SEEDS = 0.4, 0.75  # the target: GRPO's final reached and held within 0.4x, in 3 of 4 seeds
 
 
@@ -403,6 +404,12 @@ def _race_item(folder: str, c: dict, v: str) -> str:
             f"{TARGET_SHARE}x its compute")
 
 
+def seeds_so_far(folder: str, n: int) -> str:
+    """'8 seeds' for a finished campaign, '1 of 6 seeds so far' for one under way (`RACE_SEEDS`)."""
+    planned = RACE_SEEDS[folder]
+    return n_seeds(n) if n >= planned else f"{n} of {n_seeds(planned)} so far"
+
+
 def race_headline(root: Path, prefix: str = "") -> str:
     """The compute-matched result on each race task that has data, and what is still to run."""
     lines, missing = [], []
@@ -412,9 +419,9 @@ def race_headline(root: Path, prefix: str = "") -> str:
             continue
         c = _compare(root, folder)
         g = c["variants"][c["reference"]]
-        lines.append(f"- {RACE_TASKS[folder][0].upper()}{RACE_TASKS[folder][1:]}, {n_seeds(len(c['seeds']))} "
-                     f"({seed_list(c['seeds'])}), paired: GRPO ended at {pct(g['final_accuracy_mean'])}; at the same "
-                     f"compute ({_link(folder, prefix)}):")
+        lines.append(f"- {RACE_TASKS[folder][0].upper()}{RACE_TASKS[folder][1:]}, "
+                     f"{seeds_so_far(folder, len(c['seeds']))} ({seed_list(c['seeds'])}), paired: GRPO ended at "
+                     f"{pct(g['final_accuracy_mean'])}; at the same compute ({_link(folder, prefix)}):")
         lines += [_race_item(folder, c, v) for v in c["variants"] if v != c["reference"]]
     if missing:
         lines.append("- Not run yet: " + " and ".join(missing) + ".")
@@ -422,23 +429,28 @@ def race_headline(root: Path, prefix: str = "") -> str:
 
 
 def race_verdict(root: Path, prefix: str = "") -> str:
-    """One line of what the race shows so far on the default task: for each D3S-family variant, whether its
-    accuracy at GRPO's compute is shown higher or lower, and whether the compute target holds."""
-    c = _compare(root, "race-default")
-    n = len(c["seeds"])
-    said = []
-    for v, r in c["variants"].items():
-        if v == c["reference"]:
+    """What the race shows so far on each task that has data: for each D3S-family variant, whether its accuracy at
+    GRPO's compute is shown higher or lower, and whether the compute target holds."""
+    tasks = []
+    for folder in ("race-default", "race-arith2digit"):
+        if not race_has_data(root, folder):
             continue
-        b = r["budget"]
-        met, unknown, _ = target_counts(b)
-        target = ("meets" if met >= TARGET_SEEDS * n else "misses" if met + unknown < TARGET_SEEDS * n
-                  else "may meet")
-        said.append(f"{race_label('race-default', v)}: {verdict(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}, "
-                    f"{target} the compute target ({_target_text(b)} of {n})")
-    return (f"At GRPO's compute on the default task ({n_seeds(n)} so far), accuracy against GRPO, paired: "
-            + "; ".join(said) + f". The target: reaching and holding the same seed's GRPO final accuracy within "
-            f"{TARGET_SHARE}x of GRPO's compute in at least {TARGET_SEEDS:.0%} of seeds ({_link('race-default', prefix)}).")
+        c = _compare(root, folder)
+        n = len(c["seeds"])
+        said = []
+        for v, r in c["variants"].items():
+            if v == c["reference"]:
+                continue
+            b = r["budget"]
+            met, unknown, _ = target_counts(b)
+            target = ("meets" if met >= TARGET_SEEDS * n else "misses" if met + unknown < TARGET_SEEDS * n
+                      else "may meet")
+            said.append(f"{race_label(folder, v)}: {verdict(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}, "
+                        f"{target} the compute target ({_target_text(b)} of {n})")
+        tasks.append(f"At GRPO's compute on {RACE_TASKS[folder]} ({seeds_so_far(folder, n)}, "
+                     f"{_link(folder, prefix)}), accuracy against GRPO, paired: " + "; ".join(said) + ".")
+    return " ".join(tasks) + (f" The target: reaching and holding the same seed's GRPO final accuracy within "
+                              f"{TARGET_SHARE}x of GRPO's compute in at least {TARGET_SEEDS:.0%} of seeds.")
 
 
 def _step_means(run: Path) -> dict[str, float]:

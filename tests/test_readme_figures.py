@@ -68,8 +68,8 @@ def _curve(held):
     return [(x, 0.7 if held is not None and x >= held else 0.5) for x in shares]
 
 
-def _race_root(tmp_path, variants):
-    folder = tmp_path / figures.RESULTS / "race-default"
+def _race_root(tmp_path, variants, folder="race-default"):
+    folder = tmp_path / figures.RESULTS / folder
     folder.mkdir(parents=True)
     (folder / "compare.json").write_text(json.dumps(
         {"mode": "budget", "reference": "grpo", "seeds": [11, 12, 13, 14], "variants": variants}))
@@ -103,9 +103,24 @@ def test_the_race_headline_names_a_task_not_run_yet(tmp_path):
     root = _race_root(tmp_path, {"grpo": grpo, "d3s": _variant([0.7] * 4, [0.6, 0.8], [0.01, 0.19],
                                                                   [0.3] * 4, [50] * 4, [MACHINE] * 4)})
     text = figures.race_headline(root)
-    assert text.startswith("- The default task, 4 seeds (11-14), paired: GRPO ended at 60.0%")
+    assert text.startswith("- The default task, 4 of 8 seeds so far (11-14), paired: GRPO ended at 60.0%")
     assert "  - D3S (default recipe, with the floor): 70.0%, +10.0 points [+1.0, +19.0]" in text
     assert text.endswith("- Not run yet: arith-2digit.")
+
+
+def test_the_race_verdict_covers_each_task_with_data_and_says_how_far_it_is(tmp_path):
+    grpo = _variant([0.6] * 4, [0.5, 0.7], None, [0.9] * 4, [100] * 4, [MACHINE] * 4)
+    up = _variant([0.7] * 4, [0.6, 0.8], [0.01, 0.19], [0.2] * 4, [50] * 4, [MACHINE] * 4)
+    down = _variant([0.5] * 4, [0.4, 0.6], [-0.2, -0.01], [None] * 4, [50] * 4, [MACHINE] * 4)
+    root = _race_root(tmp_path, {"grpo": grpo, "d3s": up})
+    assert "arith-2digit" not in figures.race_verdict(root)  # no data there yet: not named
+    _race_root(tmp_path, {"grpo": grpo, "d3s": down}, folder="race-arith2digit")
+    text = figures.race_verdict(root)
+    assert text.startswith("At GRPO's compute on the default task (4 of 8 seeds so far, ")
+    assert "D3S (default recipe, with the floor): higher, meets the compute target (4 of 4)" in text
+    assert "on arith-2digit (4 of 6 seeds so far, " in text
+    assert "paper's D3S (its recipe's): lower, misses the compute target (0 of 4)" in text
+    assert figures.seeds_so_far("race-arith2digit", 6) == "6 seeds"
 
 
 def test_the_step_time_ratio_pairs_seeds_timed_on_one_machine():
