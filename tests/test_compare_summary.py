@@ -51,6 +51,15 @@ def test_t_interval_against_the_closed_form():
     assert low == high == pytest.approx(0.05)
 
 
+def test_an_accuracy_interval_is_cut_to_the_possible_range():
+    wide = mean_interval([0.1, 0.9])  # 0.5 +- 12.7 * 0.4: far past both ends
+    assert wide[0] < 0.0 and wide[1] > 1.0
+    assert mean_interval([0.1, 0.9], bounds=(0.0, 1.0)) == (0.0, 1.0)
+    low, high = mean_interval([0.55, 0.6, 0.65], bounds=(0.0, 1.0))  # inside the range: unchanged
+    assert (low, high) == pytest.approx(mean_interval([0.55, 0.6, 0.65]))
+    assert mean_interval([0.02, 0.3, 0.04], bounds=(0.0, 1.0))[0] == 0.0
+
+
 def test_wilson_interval_against_the_score_formula():
     z = 1.959963984540054  # the standard normal 97.5% quantile
     for correct, n in ((0, 200), (1, 10), (130, 200), (200, 200), (7, 7)):

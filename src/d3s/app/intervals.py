@@ -34,14 +34,21 @@ def wilson_interval(correct: int, n: int) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float, float] | None:
+def mean_interval(values: Sequence[float],
+                  bounds: tuple[float, float] | None = None) -> tuple[float, float] | None:
     """95% t-interval of the mean of `values`: mean +- t_{0.975, n-1} * stdev / sqrt(n) (stdev with n - 1),
     `scipy.stats.ttest_1samp(values, 0).confidence_interval()`. None with fewer than two values; (m, m) when
-    they are all equal (within 1e-12), where scipy would warn and return nan."""
+    they are all equal (within 1e-12), where scipy would warn and return nan.
+
+    `bounds` (low, high): the range the mean cannot leave (an accuracy's (0, 1)); the interval is cut to it, as
+    at 2 seeds t_{0.975, 1} = 12.7 can stretch it far past (an interval of an accuracy reaching -25.9%)."""
     if len(values) < 2:
         return None
     if max(values) - min(values) <= FLAT:
         m = statistics.fmean(values)
         return m, m
     ci = scipy_stats().ttest_1samp(values, 0.0).confidence_interval(confidence_level=CONFIDENCE)
-    return float(ci.low), float(ci.high)
+    low, high = float(ci.low), float(ci.high)
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return low, high

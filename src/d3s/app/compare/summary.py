@@ -109,7 +109,7 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
     return {
         "final_accuracy_mean": statistics.mean(accs),
         "final_accuracy_per_seed": accs,
-        "seed_ci95": mean_interval(accs),
+        "seed_ci95": mean_interval(accs, bounds=(0.0, 1.0)),
         "pooled_ci95": [lo, hi],
         "diff_to_reference_mean": statistics.mean(diffs),
         "diff_to_reference_ci95": mean_interval(diffs),
