@@ -27,6 +27,7 @@ Imports torch and transformers only.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -290,9 +291,16 @@ def _generate_chunk(model, prompt_ids, sampling: Sampling, entropy_temperature: 
     return Generation(completions, steps, counts)
 
 
-def _forward_parameters(model):
+def _forward_parameters(model) -> frozenset[str]:
+    """The keyword names of the (PEFT-unwrapped) model's forward, read once per model class: decoding asks at
+    every token."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inspect.signature(type(base).forward).parameters
+    return _parameters_of(type(base))
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters_of(cls) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 def _cache(model, cache) -> dict:
