@@ -501,6 +501,8 @@ FIGURES = {
     "race-verdict": race_verdict,
     "race-default": lambda root, prefix="": race_table(root, "race-default", prefix),
     "race-default-settings": lambda root, prefix="": race_settings(root, "race-default", prefix),
+    "race-ablations": lambda root, prefix="": race_table(root, "race-ablations", prefix),
+    "race-ablations-settings": lambda root, prefix="": race_settings(root, "race-ablations", prefix),
     "first-command": first_command,
     "generation": generation,
     "quick-evidence": quick_evidence,
