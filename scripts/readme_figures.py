@@ -428,6 +428,14 @@ def race_headline(root: Path, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+def target_verdict(b: dict, planned: int) -> str:
+    """'meets', 'misses' or 'may meet' the compute target over a campaign of `planned` seeds, of which `b` holds
+    those finished: a seed not run yet, like a "can't tell", may go either way."""
+    met, unknown, _ = target_counts(b)
+    open_ = unknown + planned - len(b["per_seed"])
+    return "meets" if met >= TARGET_SEEDS * planned else "misses" if met + open_ < TARGET_SEEDS * planned else "may meet"
+
+
 def race_verdict(root: Path, prefix: str = "") -> str:
     """What the race shows so far on each task that has data: for each D3S-family variant, whether its accuracy at
     GRPO's compute is shown higher or lower, and whether the compute target holds."""
@@ -442,11 +450,8 @@ def race_verdict(root: Path, prefix: str = "") -> str:
             if v == c["reference"]:
                 continue
             b = r["budget"]
-            met, unknown, _ = target_counts(b)
-            target = ("meets" if met >= TARGET_SEEDS * n else "misses" if met + unknown < TARGET_SEEDS * n
-                      else "may meet")
             said.append(f"{race_label(folder, v)}: {verdict(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}, "
-                        f"{target} the compute target ({_target_text(b)} of {n})")
+                        f"{target_verdict(b, max(n, RACE_SEEDS[folder]))} the compute target ({_target_text(b)} of {n})")
         tasks.append(f"At GRPO's compute on {RACE_TASKS[folder]} ({seeds_so_far(folder, n)}, "
                      f"{_link(folder, prefix)}), accuracy against GRPO, paired: " + "; ".join(said) + ".")
     return " ".join(tasks) + (f" The target: reaching and holding the same seed's GRPO final accuracy within "

@@ -76,7 +76,8 @@ def _race_root(tmp_path, variants, folder="race-default"):
     return tmp_path
 
 
-def test_the_race_verdict_says_higher_lower_or_not_shown_and_counts_the_compute_target(tmp_path):
+def test_the_race_verdict_says_higher_lower_or_not_shown_and_counts_the_compute_target(tmp_path, monkeypatch):
+    monkeypatch.setitem(figures.RACE_SEEDS, "race-default", 4)  # a finished campaign of 4 seeds
     other = dict(MACHINE, cpu_model=1)
     grpo = _variant([0.6] * 4, [0.5, 0.7], None, [0.82, 0.82, None, 1.0], [100, 100, 100, 100], [MACHINE] * 4)
     up = _variant([0.7] * 4, [0.6, 0.8], [0.01, 0.19], [0.2, 0.2, 0.2, 0.62], [50, 60, 70, 80],
@@ -117,10 +118,20 @@ def test_the_race_verdict_covers_each_task_with_data_and_says_how_far_it_is(tmp_
     _race_root(tmp_path, {"grpo": grpo, "d3s": down}, folder="race-arith2digit")
     text = figures.race_verdict(root)
     assert text.startswith("At GRPO's compute on the default task (4 of 8 seeds so far, ")
-    assert "D3S (default recipe, with the floor): higher, meets the compute target (4 of 4)" in text
+    # 4 met of 8 planned: the 4 seeds still to run decide
+    assert "D3S (default recipe, with the floor): higher, may meet the compute target (4 of 4)" in text
     assert "on arith-2digit (4 of 6 seeds so far, " in text
     assert "paper's D3S (its recipe's): lower, misses the compute target (0 of 4)" in text
     assert figures.seeds_so_far("race-arith2digit", 6) == "6 seeds"
+
+
+def test_the_compute_target_of_a_campaign_under_way_counts_the_seeds_still_to_run():
+    held = _variant([0.7] * 4, [0.6, 0.8], [0.01, 0.19], [0.2, 0.2, 0.2, 0.2], [50] * 4, [MACHINE] * 4)["budget"]
+    missed = _variant([0.5] * 4, [0.4, 0.6], [-0.2, -0.01], [None] * 4, [50] * 4, [MACHINE] * 4)["budget"]
+    # 4 of 4 met: enough for 75% of 4 seeds, and of 5 (3.75); of 8 they need 6, and 4 seeds still to run may give them
+    assert [figures.target_verdict(held, n) for n in (4, 5, 8)] == ["meets", "meets", "may meet"]
+    # none of 4: out of reach with 4 more seeds of 8 (4 < 6), still within reach with 20 more of 24 (20 >= 18)
+    assert [figures.target_verdict(missed, n) for n in (4, 8, 24)] == ["misses", "misses", "may meet"]
 
 
 def test_the_step_time_ratio_pairs_seeds_timed_on_one_machine():
