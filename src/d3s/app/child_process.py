@@ -28,14 +28,21 @@ PARENT_ENV = "D3S_PARENT_PID"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 CHILD_MAIN = (
-    "import signal, sys\n"
-    "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"  # a Ctrl-C while d3s loads: stop, no traceback
+    "import os, signal\n"
+    "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"  # a Ctrl-C while d3s loads: stop at once
     "from d3s.app.cli import run\n"
+    "try:\n"
+    "    import d3s.integrations.trl\n"  # torch, transformers, accelerate, TRL
+    "except Exception:\n"
+    "    pass\n"  # `run` imports it again and says what is wrong
     "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "run()\n"
 )
 """The child's program (`python -c CHILD_MAIN train ...`): `d3s` as `python -m d3s.cli` runs it, except that a
-Ctrl-C while it imports torch ends it quietly (exit 130) instead of with an import traceback."""
+Ctrl-C while it imports torch, transformers and TRL ends it at once (exit 130), with no import traceback. The
+imports happen before `run` so that no `KeyboardInterrupt` is raised inside them: one raised there can leave a
+module half-imported without reaching `run` (seen: accelerate's import then recursed on numpy's `np.dtypes` without
+end and the run ended with a traceback). Nothing is written while the child imports: nothing to save or clean up."""
 
 
 def run_child(cmd: Sequence[str], env: dict[str, str]) -> int:
