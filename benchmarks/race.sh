@@ -11,7 +11,7 @@
 #   bash benchmarks/race.sh snapshot     # compare.md/json/png of the seeds every arm has finished; trains nothing
 #
 # D3S=... sets the command (default: .venv/bin/d3s where scripts/setup.sh made it, else d3s on PATH); RESULTS=... the folder of the campaigns
-# (default: benchmarks/results). lscpu's output is saved beside each campaign's runs.
+# (default: benchmarks/results). lscpu's output is saved beside each campaign's runs, one file per CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/d3s ]; then D3S=${D3S:-.venv/bin/d3s}; else D3S=${D3S:-d3s}; fi
@@ -44,10 +44,22 @@ campaign() {  # name [seeds]: the d3s compare command of that campaign, on its s
         --output_dir "$RESULTS/${!folder}"
 }
 
-run() {  # name: the campaign, then lscpu's output beside its runs
+lscpu_file() {  # folder: where this machine's lscpu output goes: lscpu.txt, or lscpu-<family>-<model>.txt
+    # when lscpu.txt is another CPU's (each run's run_config.json names its machine)
+    local key='/^(CPU family|Model):/ {gsub(/ /, "", $2); printf "%s%s", sep, $2; sep="-"}' here
+    here=$(lscpu | awk -F: "$key")
+    if [ ! -f "$1/lscpu.txt" ] || [ "$(awk -F: "$key" "$1/lscpu.txt")" = "$here" ]; then
+        echo "$1/lscpu.txt"
+    else
+        echo "$1/lscpu-$here.txt"
+    fi
+}
+
+run() {  # name: lscpu's output beside the campaign's runs, then the campaign
     local folder=${1}_folder status=0
+    mkdir -p "$RESULTS/${!folder}"
+    lscpu > "$(lscpu_file "$RESULTS/${!folder}")"
     campaign "$1" || status=$?
-    if [ -d "$RESULTS/${!folder}" ]; then lscpu > "$RESULTS/${!folder}/lscpu.txt"; fi
     return $status
 }
 
