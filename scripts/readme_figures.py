@@ -458,6 +458,46 @@ def race_verdict(root: Path, prefix: str = "") -> str:
                               f"{TARGET_SHARE}x of GRPO's compute in at least {TARGET_SEEDS:.0%} of seeds.")
 
 
+DECIDED_ON = "race-arith2digit"  # the campaign the default recipe's variant was decided on, before it ran
+
+
+def race_decision_variant(root: Path) -> str | None:
+    """The rule decided before the arith-2digit race: the default recipe's variant becomes `d1s-c` if there, over
+    all its seeds, D1S-C ends at or above D3S with the floor at GRPO's compute (paired mean) and is not shown below
+    GRPO; otherwise it stays `d3s` (with the floor). None while the campaign is under way."""
+    c = _compare(root, DECIDED_ON)
+    if len(c["seeds"]) < RACE_SEEDS[DECIDED_ON]:
+        return None
+    d1s, floor = c["variants"]["d1s-c"]["budget"], c["variants"][FLOOR]["budget"]["per_seed"]
+    diffs = [p["accuracy_at_budget"] - floor[s]["accuracy_at_budget"] for s, p in d1s["per_seed"].items()]
+    above_floor = statistics.mean(diffs) >= 0
+    below_grpo = verdict(d1s["diff_at_budget_mean"], d1s["diff_at_budget_ci"]) == "lower"
+    return "d1s-c" if above_floor and not below_grpo else "d3s"
+
+
+def race_decision(root: Path, prefix: str = "") -> str:
+    """The rule decided before the arith-2digit race, the figures it reads, and what it decided."""
+    c = _compare(root, DECIDED_ON)
+    d1s, floor = c["variants"]["d1s-c"]["budget"], c["variants"][FLOOR]["budget"]["per_seed"]
+    seeds = sorted(d1s["per_seed"], key=int)
+    against_floor = paired_between([d1s["per_seed"][s]["accuracy_at_budget"] for s in seeds],
+                                   [floor[s]["accuracy_at_budget"] for s in seeds])
+    figures = (f"on arith-2digit ({seeds_so_far(DECIDED_ON, len(seeds))}, {_link(DECIDED_ON, prefix)}), at GRPO's "
+               f"compute, D1S-C against D3S + floor {against_floor}, against GRPO "
+               f"{paired(d1s['diff_at_budget_mean'], d1s['diff_at_budget_ci'])}")
+    rule = ("Decided before the arith-2digit runs, since the default task chose D1S-C for them: the default "
+            "recipe's variant becomes D1S-C if on arith-2digit, over its 6 seeds, D1S-C ends at or above the default "
+            "recipe's D3S (with the floor) at GRPO's compute in the paired mean and is not shown below GRPO; "
+            "otherwise the default recipe stays D3S with the floor. ")
+    decided = race_decision_variant(root)
+    if decided is None:
+        return rule + f"So far {figures}; decided when the 6 seeds are in."
+    outcome = ("so the rule makes D1S-C the default recipe's variant (`recipes/default.yaml` still runs D3S with the "
+               "floor until that change lands)." if decided == "d1s-c" else
+               "so the default recipe stays D3S with the floor (`recipes/default.yaml`).")
+    return rule + f"The result: {figures}; " + outcome
+
+
 def _step_means(run: Path) -> dict[str, float]:
     train = [r for r in read_run_records(run / "metrics.jsonl") if r.get("type") == "train"]
     keys = ("step_time", "d3s/time/generation", "d3s/time/forward", "d3s/time/backward")
@@ -507,6 +547,9 @@ FIGURES = {
     "race-default": lambda root, prefix="": race_table(root, "race-default", prefix),
     "race-default-settings": lambda root, prefix="": race_settings(root, "race-default", prefix),
     "race-ablations": lambda root, prefix="": race_table(root, "race-ablations", prefix),
+    "race-arith2digit": lambda root, prefix="": race_table(root, "race-arith2digit", prefix),
+    "race-arith2digit-settings": lambda root, prefix="": race_settings(root, "race-arith2digit", prefix),
+    "race-decision": race_decision,
     "race-ablations-settings": lambda root, prefix="": race_settings(root, "race-ablations", prefix),
     "first-command": first_command,
     "generation": generation,

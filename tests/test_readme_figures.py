@@ -162,3 +162,41 @@ def test_the_d3s_settings_are_paired_against_the_recipes_d3s_seed_by_seed(tmp_pa
     # area differences 0, 0.1, 0, 0.1: mean 0.05, sd 0.0577 -> +/- 0.0919
     assert "+5.0 points [-4.2, +14.2], not shown in area under the curve" in text
     assert "GRPO" not in text  # the reference is not a D3S setting
+
+
+def _decision_root(tmp_path, d1s_acc, floor_acc, d1s_vs_grpo_ci):
+    """A finished (4-seed) arith-2digit race whose D1S-C and D3S + floor end at the given accuracies."""
+    def arm(acc, ci):
+        v = _variant([0.4] * 4, [0.3, 0.5], ci, [None] * 4, [50] * 4, [MACHINE] * 4)
+        for s, a in zip(["11", "12", "13", "14"], acc):
+            v["budget"]["per_seed"][s].update(accuracy_at_budget=a, auc=a)
+        return v
+    return _race_root(tmp_path, {"grpo": arm([0.4] * 4, None), "d3s": arm([0.3] * 4, [-0.2, -0.1]),
+                                 figures.FLOOR: arm(floor_acc, [-0.1, 0.1]), "d1s-c": arm(d1s_acc, d1s_vs_grpo_ci)},
+                      folder="race-arith2digit")
+
+
+def test_the_default_recipe_decision_follows_the_rule_decided_before_the_runs(tmp_path, monkeypatch):
+    monkeypatch.setitem(figures.RACE_SEEDS, "race-arith2digit", 4)
+    # D1S-C above the floor in the paired mean (+0.5 points) and not shown below GRPO: D1S-C
+    root = _decision_root(tmp_path / "a", [0.41, 0.40, 0.42, 0.39], [0.40, 0.40, 0.40, 0.40], [-0.05, 0.06])
+    assert figures.race_decision_variant(root) == "d1s-c"
+    assert "the rule makes D1S-C the default recipe's variant" in figures.race_decision(root)
+    # a tie counts for D1S-C ("at or above")
+    root = _decision_root(tmp_path / "b", [0.40] * 4, [0.40] * 4, [-0.05, 0.06])
+    assert figures.race_decision_variant(root) == "d1s-c"
+    # below the floor in the paired mean (-0.5 points), though above GRPO: the floor stays
+    root = _decision_root(tmp_path / "c", [0.39, 0.40, 0.40, 0.39], [0.40] * 4, [0.01, 0.06])
+    assert figures.race_decision_variant(root) == "d3s"
+    assert "D1S-C against D3S + floor -0.5 points" in figures.race_decision(root)
+    assert "stays D3S with the floor" in figures.race_decision(root)
+    # above the floor but shown below GRPO: the floor stays
+    root = _decision_root(tmp_path / "d", [0.41] * 4, [0.40] * 4, [-0.09, -0.01])
+    assert figures.race_decision_variant(root) == "d3s"
+
+
+def test_the_decision_waits_for_every_seed(tmp_path):
+    root = _decision_root(tmp_path, [0.41] * 4, [0.40] * 4, [-0.05, 0.06])  # 4 of the planned 6 seeds
+    assert figures.race_decision_variant(root) is None
+    assert "decided when the 6 seeds are in" in figures.race_decision(root)
+
