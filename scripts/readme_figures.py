@@ -461,6 +461,13 @@ def race_verdict(root: Path, prefix: str = "") -> str:
 DECIDED_ON = "race-arith2digit"  # the campaign the default recipe's variant was decided on, before it ran
 
 
+def _d1s_and_floor(c: dict) -> tuple[list[float], list[float]]:
+    """D1S-C's and D3S + floor's accuracies at the budget, seed by seed (the same seeds, in order)."""
+    d1s, floor = (c["variants"][v]["budget"]["per_seed"] for v in ("d1s-c", FLOOR))
+    seeds = sorted(d1s, key=int)
+    return [d1s[s]["accuracy_at_budget"] for s in seeds], [floor[s]["accuracy_at_budget"] for s in seeds]
+
+
 def race_decision_variant(root: Path) -> str | None:
     """The rule decided before the arith-2digit race: the default recipe's variant becomes `d1s-c` if there, over
     all its seeds, D1S-C ends at or above D3S with the floor at GRPO's compute (paired mean) and is not shown below
@@ -468,23 +475,21 @@ def race_decision_variant(root: Path) -> str | None:
     c = _compare(root, DECIDED_ON)
     if len(c["seeds"]) < RACE_SEEDS[DECIDED_ON]:
         return None
-    d1s, floor = c["variants"]["d1s-c"]["budget"], c["variants"][FLOOR]["budget"]["per_seed"]
-    diffs = [p["accuracy_at_budget"] - floor[s]["accuracy_at_budget"] for s, p in d1s["per_seed"].items()]
-    above_floor = statistics.mean(diffs) >= 0
-    below_grpo = verdict(d1s["diff_at_budget_mean"], d1s["diff_at_budget_ci"]) == "lower"
+    d1s, floor = _d1s_and_floor(c)
+    above_floor = statistics.mean(d1s) >= statistics.mean(floor)  # the paired mean, over the same seeds
+    b = c["variants"]["d1s-c"]["budget"]
+    below_grpo = verdict(b["diff_at_budget_mean"], b["diff_at_budget_ci"]) == "lower"
     return "d1s-c" if above_floor and not below_grpo else "d3s"
 
 
 def race_decision(root: Path, prefix: str = "") -> str:
     """The rule decided before the arith-2digit race, the figures it reads, and what it decided."""
     c = _compare(root, DECIDED_ON)
-    d1s, floor = c["variants"]["d1s-c"]["budget"], c["variants"][FLOOR]["budget"]["per_seed"]
-    seeds = sorted(d1s["per_seed"], key=int)
-    against_floor = paired_between([d1s["per_seed"][s]["accuracy_at_budget"] for s in seeds],
-                                   [floor[s]["accuracy_at_budget"] for s in seeds])
-    figures = (f"on arith-2digit ({seeds_so_far(DECIDED_ON, len(seeds))}, {_link(DECIDED_ON, prefix)}), at GRPO's "
-               f"compute, D1S-C against D3S + floor {against_floor}, against GRPO "
-               f"{paired(d1s['diff_at_budget_mean'], d1s['diff_at_budget_ci'])}")
+    d1s, floor = _d1s_and_floor(c)
+    b = c["variants"]["d1s-c"]["budget"]
+    figures = (f"on arith-2digit ({seeds_so_far(DECIDED_ON, len(d1s))}, {_link(DECIDED_ON, prefix)}), at GRPO's "
+               f"compute, D1S-C against D3S + floor {paired_between(d1s, floor)}, against GRPO "
+               f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}")
     rule = ("Decided before the arith-2digit runs, since the default task chose D1S-C for them: the default "
             "recipe's variant becomes D1S-C if on arith-2digit, over its 6 seeds, D1S-C ends at or above the default "
             "recipe's D3S (with the floor) at GRPO's compute in the paired mean and is not shown below GRPO; "
