@@ -371,15 +371,17 @@ def test_options_a_run_cannot_use_are_no_reason_to_retrain_it():
                                                     "token_selection: True -> False", "variant: 'd3s' -> 'grpo'"]
 
 
-def test_the_default_recipe_runs_d3s_with_the_floor_and_the_paper_cut_is_one_flag_away():
+def test_the_default_recipe_runs_d1s_c_and_d3s_with_the_floor_or_the_paper_cut_is_one_flag_away():
     from d3s.app.recipe import parse_train_args
 
     _, config, _ = parse_train_args([])
-    assert (config.variant, config.min_tokens_per_rollout, config.token_cut) == ("d3s", 4, "batch")
-    _, paper, _ = parse_train_args(["--min_tokens_per_rollout", "0"])
+    assert config.variant == "d1s-c" and not config.token_selection  # the floor is inert there
+    assert config.d3s_settings == d3s.VARIANTS["d1s-c"].replace(num_generations=16, n_init=4, n_final=4, k_init=1.0, k_final=1.0,
+                                                                 min_tokens_per_rollout=4)
+    _, floor, _ = parse_train_args(["--variant", "d3s"])
+    assert (floor.variant, floor.min_tokens_per_rollout, floor.token_cut) == ("d3s", 4, "batch")
+    _, paper, _ = parse_train_args(["--variant", "d3s", "--min_tokens_per_rollout", "0"])
     assert paper.d3s_settings == d3s.VARIANTS["d3s"].replace(num_generations=16, n_init=4, n_final=16)
-    _, grpo, _ = parse_train_args(["--variant", "grpo"])
-    assert not grpo.token_selection  # the floor is inert there
 
 
 def test_a_variant_carries_the_options_and_validates_them():
