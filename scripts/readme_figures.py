@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from d3s.app.compare.summary import _reach, _run_machine, run_dir
-from d3s.app.machine import same_machine
+from d3s.app.machine import machine_label, same_machine
 from d3s.app.intervals import mean_interval
 from d3s.app.runfiles import read_run_records
 
@@ -37,7 +37,7 @@ PAGES = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
 
 FLOOR = "d3s+min_tokens_per_rollout=4"
-LABELS = {"grpo": "GRPO", "d3s": "paper's D3S", FLOOR: "D3S + floor (default recipe)", "d1s-c": "D1S-C",
+LABELS = {"grpo": "GRPO", "d3s": "paper's D3S", FLOOR: "D3S + floor", "d1s-c": "D1S-C",
           "d3s+keep_last_in_loss": "paper's D3S + keep_last_in_loss"}
 
 
@@ -174,19 +174,20 @@ def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
 
 
 def quick_evidence(root: Path, prefix: str = "") -> str:
-    d, a = _compare(root, "campaign5-default"), _compare(root, "campaign5-arith2digit")
-    fd, fa = d["variants"][FLOOR], a["variants"][FLOOR]
-    pd, pa = d["variants"]["d3s"], a["variants"]["d3s"]
-    work = fd["computed_tokens_mean"] / d["variants"]["grpo"]["computed_tokens_mean"]
-    return (f"Over {len(d['seeds'])} paired seeds, at the same number of steps as GRPO: on the default task D3S "
-            f"(the default recipe, with its floor) ended at {pct(fd['final_accuracy_mean'])} against GRPO's "
-            f"{pct(d['variants']['grpo']['final_accuracy_mean'])} "
-            f"({paired(fd['diff_to_reference_mean'], fd['diff_to_reference_ci95'])}) having computed "
-            f"{work:.2f} of GRPO's training-forward positions; on arith-2digit it ended at "
-            f"{pct(fa['final_accuracy_mean'])} against {pct(a['variants']['grpo']['final_accuracy_mean'])} "
-            f"({paired(fa['diff_to_reference_mean'], fa['diff_to_reference_ci95'])}). The paper's D3S ended "
-            f"below GRPO on both (default task {paired(pd['diff_to_reference_mean'], pd['diff_to_reference_ci95'])}; "
-            f"arith-2digit {paired(pa['diff_to_reference_mean'], pa['diff_to_reference_ci95'])}). Sources: "
+    """At the same number of steps as GRPO (so with less compute): the default recipe's D1S-C and D3S + floor."""
+    said = []
+    for folder, task in (("campaign5-default", "the default task"), ("campaign5-arith2digit", "arith-2digit")):
+        c = _compare(root, folder)
+        g = c["variants"]["grpo"]
+        arms = []
+        for v in ("d1s-c", FLOOR, "d3s"):
+            r = c["variants"][v]
+            arms.append(f"{LABELS[v]} {pct(r['final_accuracy_mean'])} "
+                        f"({paired(r['diff_to_reference_mean'], r['diff_to_reference_ci95'])}, "
+                        f"{r['computed_tokens_mean'] / g['computed_tokens_mean']:.2f} of GRPO's positions)")
+        said.append(f"on {task} GRPO ended at {pct(g['final_accuracy_mean'])}, " + ", ".join(arms))
+    return (f"Over {len(c['seeds'])} paired seeds, at the same number of steps as GRPO, against GRPO and with the "
+            "training-forward positions computed as a share of GRPO's: " + "; ".join(said) + ". Sources: "
             f"{_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
 
 
@@ -267,17 +268,17 @@ def keep_last(root: Path, prefix: str = "") -> str:
 RACE_TASKS = {"race-default": "the default task", "race-ablations": "the default task",
               "race-arith2digit": "arith-2digit"}
 RACE_LABELS = {"grpo": "GRPO", "d3s+min_tokens_per_rollout=0": "paper's D3S", "d1s-c": "D1S-C",
-               "d3s+min_tokens_per_rollout=4": "D3S + floor (default recipe's setting)",
-               "d3s+mask_truncated_completions": "D3S (default recipe) + mask_truncated_completions",
-               "d3s+max_grad_norm=0": "D3S (default recipe), no gradient clipping"}
+               "d3s+min_tokens_per_rollout=4": "D3S + floor",
+               "d3s+mask_truncated_completions": "D3S + floor + mask_truncated_completions",
+               "d3s+max_grad_norm=0": "D3S + floor, no gradient clipping"}
 RACE_SEEDS = {"race-default": 8, "race-ablations": 4, "race-arith2digit": 6}  # each campaign's seeds when finished
 TARGET_SHARE, TARGET_SEEDS = 0.4, 0.75  # the target: GRPO's final reached and held within 0.4x, in 3 of 4 seeds
 
 
 def race_label(folder: str, variant: str) -> str:
-    """`d3s` is the recipe's D3S: the default recipe has the floor of 4 tokens, arith-2digit's the paper's cut."""
+    """`d3s` is the recipe's D3S: the default recipe sets the floor of 4 tokens, arith-2digit's keeps the paper's cut."""
     if variant == "d3s":
-        return "paper's D3S (its recipe's)" if folder == "race-arith2digit" else "D3S (default recipe, with the floor)"
+        return "paper's D3S (its recipe's)" if folder == "race-arith2digit" else "D3S + floor"
     return RACE_LABELS.get(variant, variant)
 
 
@@ -491,15 +492,14 @@ def race_decision(root: Path, prefix: str = "") -> str:
                f"compute, D1S-C against D3S + floor {paired_between(d1s, floor)}, against GRPO "
                f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}")
     rule = ("Decided before the arith-2digit runs, since the default task chose D1S-C for them: the default "
-            "recipe's variant becomes D1S-C if on arith-2digit, over its 6 seeds, D1S-C ends at or above the default "
-            "recipe's D3S (with the floor) at GRPO's compute in the paired mean and is not shown below GRPO; "
-            "otherwise the default recipe stays D3S with the floor. ")
+            "recipe's variant becomes D1S-C if on arith-2digit, over its 6 seeds, D1S-C ends at or above D3S + floor "
+            "(then the default recipe's variant) at GRPO's compute in the paired mean and is not shown below GRPO; "
+            "otherwise the default recipe stays D3S + floor. ")
     decided = race_decision_variant(root)
     if decided is None:
         return rule + f"So far {figures}; decided when the 6 seeds are in."
-    outcome = ("so the rule makes D1S-C the default recipe's variant (`recipes/default.yaml` still runs D3S with the "
-               "floor until that change lands)." if decided == "d1s-c" else
-               "so the default recipe stays D3S with the floor (`recipes/default.yaml`).")
+    outcome = ("so the default recipe's variant is now D1S-C (`recipes/default.yaml`)." if decided == "d1s-c" else
+               "so the default recipe stays D3S + floor (`recipes/default.yaml`).")
     return rule + f"The result: {figures}; " + outcome
 
 
@@ -520,8 +520,10 @@ def first_command(root: Path, prefix: str = "") -> str:
     other = json.loads((folder / "generate-path" / "summary.json").read_text())
     parts = f"generation {ours['d3s/time/generation']:.1f} s, forward {ours['d3s/time/forward']:.1f} s, " \
             f"backward {ours['d3s/time/backward']:.1f} s"
-    return (f"Measured from a clean clone with empty caches on a 2-core AMD EPYC (AVX-512, fp32; no AVX2 machine was "
-            f"available), the whole first command, setup and the one-time model conversion included, took "
+    config = json.loads((folder / "run_config.json").read_text())
+    precision = {"no": "fp32"}.get(config["trainer"].get("mixed_precision", "no"), config["trainer"].get("mixed_precision"))
+    return (f"Measured from a clean clone with empty caches on one machine ({machine_label(config.get('machine'))}; "
+            f"{precision}), the default recipe ({config['trainer']['variant'].upper()}), the whole first command, setup and the one-time model conversion included, took "
             f"{float(walls['total']) / 60:.1f} minutes (setup {float(walls['setup']) / 60:.1f}, `d3s train` "
             f"{float(walls['d3s train']) / 60:.1f}, of which {summary['train_wall_s'] / 60:.1f} training): held-out "
             f"accuracy {pct(evals[0]['accuracy'])} -> {pct(evals[-1]['accuracy'])} (200 problems, greedy) after "

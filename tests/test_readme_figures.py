@@ -87,7 +87,7 @@ def test_the_race_verdict_says_higher_lower_or_not_shown_and_counts_the_compute_
     root = _race_root(tmp_path, {"grpo": grpo, "d3s": up, "d1s-c": down, "d3s+min_tokens_per_rollout=0": flat})
     text = figures.race_verdict(root)
     # held from 0.2 in three seeds: 3 of 4 meets the target of 75% of seeds; held from 0.62 after 0.42 below: not
-    assert "D3S (default recipe, with the floor): higher, meets the compute target (3 of 4)" in text
+    assert "D3S + floor: higher, meets the compute target (3 of 4)" in text
     assert "D1S-C: lower, misses the compute target (1 of 4)" in text
     # held from 0.42 after 0.2 below: crossed somewhere in (0.2, 0.42], on either side of 0.4
     assert "paper's D3S: not shown, may meet the compute target (1 (+2 can't tell) of 4)" in text
@@ -105,7 +105,7 @@ def test_the_race_headline_names_a_task_not_run_yet(tmp_path):
                                                                   [0.3] * 4, [50] * 4, [MACHINE] * 4)})
     text = figures.race_headline(root)
     assert text.startswith("- The default task, 4 of 8 seeds so far (11-14), paired: GRPO ended at 60.0%")
-    assert "  - D3S (default recipe, with the floor): 70.0%, +10.0 points [+1.0, +19.0]" in text
+    assert "  - D3S + floor: 70.0%, +10.0 points [+1.0, +19.0]" in text
     assert text.endswith("- Not run yet: arith-2digit.")
 
 
@@ -119,7 +119,7 @@ def test_the_race_verdict_covers_each_task_with_data_and_says_how_far_it_is(tmp_
     text = figures.race_verdict(root)
     assert text.startswith("At GRPO's compute on the default task (4 of 8 seeds so far, ")
     # 4 met of 8 planned: the 4 seeds still to run decide
-    assert "D3S (default recipe, with the floor): higher, may meet the compute target (4 of 4)" in text
+    assert "D3S + floor: higher, may meet the compute target (4 of 4)" in text
     assert "on arith-2digit (4 of 6 seeds so far, " in text
     assert "paper's D3S (its recipe's): lower, misses the compute target (0 of 4)" in text
     assert figures.seeds_so_far("race-arith2digit", 6) == "6 seeds"
@@ -181,7 +181,7 @@ def test_the_default_recipe_decision_follows_the_rule_decided_before_the_runs(tm
     # D1S-C above the floor in the paired mean (+0.5 points) and not shown below GRPO: D1S-C
     root = _decision_root(tmp_path / "a", [0.41, 0.40, 0.42, 0.39], [0.40, 0.40, 0.40, 0.40], [-0.05, 0.06])
     assert figures.race_decision_variant(root) == "d1s-c"
-    assert "the rule makes D1S-C the default recipe's variant" in figures.race_decision(root)
+    assert "the default recipe's variant is now D1S-C" in figures.race_decision(root)
     # a tie counts for D1S-C ("at or above")
     root = _decision_root(tmp_path / "b", [0.40] * 4, [0.40] * 4, [-0.05, 0.06])
     assert figures.race_decision_variant(root) == "d1s-c"
@@ -189,7 +189,7 @@ def test_the_default_recipe_decision_follows_the_rule_decided_before_the_runs(tm
     root = _decision_root(tmp_path / "c", [0.39, 0.40, 0.40, 0.39], [0.40] * 4, [0.01, 0.06])
     assert figures.race_decision_variant(root) == "d3s"
     assert "D1S-C against D3S + floor -0.5 points" in figures.race_decision(root)
-    assert "stays D3S with the floor" in figures.race_decision(root)
+    assert "stays D3S + floor" in figures.race_decision(root)
     # above the floor but shown below GRPO: the floor stays
     root = _decision_root(tmp_path / "d", [0.41] * 4, [0.40] * 4, [-0.09, -0.01])
     assert figures.race_decision_variant(root) == "d3s"
@@ -200,3 +200,13 @@ def test_the_decision_waits_for_every_seed(tmp_path):
     assert figures.race_decision_variant(root) is None
     assert "decided when the 6 seeds are in" in figures.race_decision(root)
 
+
+
+def test_the_default_recipe_runs_the_variant_the_rule_decided():
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / "recipes" / "default.yaml").read_text())
+    decided = figures.race_decision_variant(ROOT)
+    assert decided is not None  # the campaign it was decided on is finished
+    assert recipe["variant"] == decided
+    assert recipe["min_tokens_per_rollout"] == 4  # `--variant d3s` on it is the floor the race ran
