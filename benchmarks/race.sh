@@ -3,7 +3,7 @@
 # machine with nothing else running. Every finished run stays in its folder; run the same command again to
 # continue after an interruption (finished runs are reused, an unfinished one resumes from its checkpoint).
 #
-#   bash benchmarks/race.sh default      # default task: grpo, d3s (default recipe), the paper's d3s, d1s-c; 8 seeds
+#   bash benchmarks/race.sh default      # default task: grpo, d3s (the recipe's floor of 4), the paper's d3s, d1s-c; 8 seeds
 #   bash benchmarks/race.sh ablations    # default task, 4 seeds: d3s with mask_truncated_completions, without clipping
 #   bash benchmarks/race.sh arith2digit  # arith-2digit: grpo, d3s (its recipe's: the paper's cut), d3s with the
 #                                        # default recipe's floor, d1s-c (best on the default task); 6 seeds
