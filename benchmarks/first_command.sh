@@ -10,7 +10,8 @@
 # generate-path/. scripts/readme_figures.py (block first-command) reads them.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-out=$(mkdir -p "${1:-$repo/benchmarks/results/first-command}" && cd "${1:-$repo/benchmarks/results/first-command}" && pwd)
+out=${1:-$repo/benchmarks/results/first-command}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 work=$(mktemp -d /tmp/first-command-XXXX)
 git clone -q "$repo" "$work/clone"
 export D3S_CACHE=$work/cache PIP_CACHE_DIR=$work/pip-cache

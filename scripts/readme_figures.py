@@ -491,13 +491,14 @@ def race_decision(root: Path, prefix: str = "") -> str:
     figures = (f"on arith-2digit ({seeds_so_far(DECIDED_ON, len(d1s))}, {_link(DECIDED_ON, prefix)}), at GRPO's "
                f"compute, D1S-C against D3S + floor {paired_between(d1s, floor)}, against GRPO "
                f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}")
+    planned = n_seeds(RACE_SEEDS[DECIDED_ON])
     rule = ("Decided before the arith-2digit runs, since the default task chose D1S-C for them: the default "
-            "recipe's variant becomes D1S-C if on arith-2digit, over its 6 seeds, D1S-C ends at or above D3S + floor "
+            f"recipe's variant becomes D1S-C if on arith-2digit, over its {planned}, D1S-C ends at or above D3S + floor "
             "(then the default recipe's variant) at GRPO's compute in the paired mean and is not shown below GRPO; "
             "otherwise the default recipe stays D3S + floor. ")
     decided = race_decision_variant(root)
     if decided is None:
-        return rule + f"So far {figures}; decided when the 6 seeds are in."
+        return rule + f"So far {figures}; decided when the {planned} are in."
     outcome = ("so the default recipe's variant is now D1S-C (`recipes/default.yaml`)." if decided == "d1s-c" else
                "so the default recipe stays D3S + floor (`recipes/default.yaml`).")
     return rule + f"The result: {figures}; " + outcome
@@ -520,10 +521,11 @@ def first_command(root: Path, prefix: str = "") -> str:
     other = json.loads((folder / "generate-path" / "summary.json").read_text())
     parts = f"generation {ours['d3s/time/generation']:.1f} s, forward {ours['d3s/time/forward']:.1f} s, " \
             f"backward {ours['d3s/time/backward']:.1f} s"
-    config = json.loads((folder / "run_config.json").read_text())
-    precision = {"no": "fp32"}.get(config["trainer"].get("mixed_precision", "no"), config["trainer"].get("mixed_precision"))
-    return (f"Measured from a clean clone with empty caches on one machine ({machine_label(config.get('machine'))}; "
-            f"{precision}), the default recipe ({config['trainer']['variant'].upper()}), the whole first command, setup and the one-time model conversion included, took "
+    trainer = json.loads((folder / "run_config.json").read_text())
+    mixed = trainer["trainer"].get("mixed_precision", "no")
+    return (f"Measured from a clean clone with empty caches on one machine ({machine_label(trainer.get('machine'))}; "
+            f"{'fp32' if mixed == 'no' else mixed}), the default recipe ({trainer['trainer']['variant'].upper()}), "
+            f"the whole first command, setup and the one-time model conversion included, took "
             f"{float(walls['total']) / 60:.1f} minutes (setup {float(walls['setup']) / 60:.1f}, `d3s train` "
             f"{float(walls['d3s train']) / 60:.1f}, of which {summary['train_wall_s'] / 60:.1f} training): held-out "
             f"accuracy {pct(evals[0]['accuracy'])} -> {pct(evals[-1]['accuracy'])} (200 problems, greedy) after "

@@ -7,6 +7,8 @@ import re
 import shutil
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("readme_figures", ROOT / "scripts" / "readme_figures.py")
 figures = importlib.util.module_from_spec(_spec)
@@ -201,10 +203,7 @@ def test_the_decision_waits_for_every_seed(tmp_path):
     assert "decided when the 6 seeds are in" in figures.race_decision(root)
 
 
-
 def test_the_default_recipe_runs_the_variant_the_rule_decided():
-    import yaml
-
     recipe = yaml.safe_load((ROOT / "recipes" / "default.yaml").read_text())
     decided = figures.race_decision_variant(ROOT)
     assert decided is not None  # the campaign it was decided on is finished

@@ -376,8 +376,8 @@ def test_the_default_recipe_runs_d1s_c_and_d3s_with_the_floor_or_the_paper_cut_i
 
     _, config, _ = parse_train_args([])
     assert config.variant == "d1s-c" and not config.token_selection  # the floor is inert there
-    assert config.d3s_settings == d3s.VARIANTS["d1s-c"].replace(num_generations=16, n_init=4, n_final=4, k_init=1.0, k_final=1.0,
-                                                                 min_tokens_per_rollout=4)
+    assert config.d3s_settings == d3s.VARIANTS["d1s-c"].replace(num_generations=16, n_init=4, n_final=4, k_init=1.0,
+                                                                 k_final=1.0, min_tokens_per_rollout=4)
     _, floor, _ = parse_train_args(["--variant", "d3s"])
     assert (floor.variant, floor.min_tokens_per_rollout, floor.token_cut) == ("d3s", 4, "batch")
     _, paper, _ = parse_train_args(["--variant", "d3s", "--min_tokens_per_rollout", "0"])
