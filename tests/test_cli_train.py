@@ -54,10 +54,26 @@ def test_smoke_train_writes_everything(tmp_path):
     assert sum(seconds[p] for p in parts) == pytest.approx(seconds["step"], rel=1e-6)
     assert summary["command_wall_s"] > summary["train_wall_s"] > 0
     assert 0.0 <= summary["before"]["ci_low"] <= summary["before"]["accuracy"] <= summary["before"]["ci_high"] <= 1
+    assert summary["zero_gradient_steps"]["steps"] == 4
+    zero = [r for r in train_recs if r["d3s/zero_gradient"] == 1.0]
+    assert summary["zero_gradient_steps"]["zero_gradient"] == len(zero)
+    assert summary["zero_gradient_steps"]["moved"] == sum(r["d3s/weights_moved"] == 1.0 for r in zero)
     assert (out / "training.png").stat().st_size > 10_000
     assert (out / "checkpoint-4").is_dir()
     # the same output folder again without --resume: refused, nothing overwritten
     assert train(out) == 2
+
+
+def test_every_arm_of_a_seed_trains_on_one_prompt_stream(tmp_path):
+    # arms of different lengths and variants: each step records its prompts, a longer arm sees a longer prefix
+    assert train(tmp_path / "short", "--variant", "grpo", "--max_steps", "2", "--eval_every", "0") == 0
+    assert train(tmp_path / "long", "--variant", "d1s-c", "--max_steps", "4", "--eval_every", "0",
+                 "--num_generations", "2") == 0  # 4 prompts per step instead of 2: the same stream, cut otherwise
+    streams = {name: [h for r in records(tmp_path / name) if r["type"] == "train" for h in r["prompt_hashes"]]
+               for name in ("short", "long")}
+    assert len(streams["short"]) == 2 * 2 and len(streams["long"]) > len(streams["short"])
+    assert all(len(h) == 8 for h in streams["short"])
+    assert streams["long"][: len(streams["short"])] == streams["short"]
 
 
 def test_compare_runs_reuses_and_summarises(tmp_path, capsys):

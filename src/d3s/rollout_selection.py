@@ -19,6 +19,7 @@ the same subset.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,7 +28,9 @@ import torch
 from d3s import _checks
 from d3s.advantages import ScaleRewards, group_advantages
 
-SampleSelection = Literal["none", "intra", "cross", "pods"]
+SampleSelection = Literal["none", "intra", "cross", "pods", "random", "random-intra"]
+SAMPLE_SELECTIONS = ("none", "intra", "cross", "pods", "random", "random-intra")
+"""Every rollout-selection mode. `random` and `random-intra` are controls, not methods (docs/method.md section 9.3)."""
 
 # Splits whose scores are within this many input-dtype ulps (relative) of the best are ties.
 _TIE_ULPS = 8
@@ -125,6 +128,36 @@ class RolloutSelection:
     kept_per_group: torch.Tensor
 
 
+def selection_generator(seed: int, index: int) -> torch.Generator:
+    """The CPU generator the random controls draw from for generation batch `index` of a run seeded `seed`.
+
+    A pure function of the two: a resumed run draws exactly what the uninterrupted one drew, and every process
+    of a distributed run draws the same subset."""
+    seed, index = _checks.as_int("seed", seed), _checks.as_int("index", index, low=0)
+    digest = hashlib.sha256(f"d3s-random-selection:{seed}:{index}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def random_mask(valid: torch.Tensor, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Row-wise uniform choice: in every row of `valid`, `min(n, valid in the row)` of its True entries, each
+    subset of that size equally likely (a uniform random permutation of the row's valid entries, cut at n).
+
+    Args:
+        valid: bool `(R, m)`, the entries that may be chosen.
+        n: how many to keep per row, >= 1.
+        generator: a CPU `torch.Generator`; None uses torch's global one.
+
+    Returns:
+        bool `(R, m)` on `valid`'s device.
+    """
+    n = _check_n(n)
+    R, m = valid.shape
+    keys = torch.rand(R, m, generator=generator)  # (R, m) i.i.d. uniform: the order of a uniform permutation
+    keys = keys.masked_fill(~valid.cpu(), 2.0)  # invalid entries sort last, never among the first n valid ones
+    rank = keys.argsort(dim=1).argsort(dim=1)  # (R, m): each entry's place in its row's random order
+    return ((rank < n) & valid.cpu()).to(valid.device)
+
+
 def _rowwise_mask_with_invalid(values: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
     """`max_variance_mask` per row, restricted to the valid entries of each row."""
     # (B, G) values and validity -> (B, G) keep mask
@@ -148,6 +181,7 @@ def select_rollouts(
     *,
     scale_rewards: ScaleRewards = "group",
     eps: float = 1e-4,
+    generator: torch.Generator | None = None,
 ) -> RolloutSelection:
     """Choose the rollouts to train on (paper sec. 3.1; docs/method.md section 2).
 
@@ -159,8 +193,13 @@ def select_rollouts(
         mode: `none` keeps every scorable rollout (NaN rewards are tolerated: those rollouts are dropped); `intra` keeps the max-advantage-variance N of each
             group (D1S, D3S-I); `cross` keeps the max-advantage-variance N*B of the batch, groups may
             keep any number including 0 (D1S-C, D2S, D3S); `pods` keeps the max-REWARD-variance N of
-            each group and re-normalises the advantages within the kept N (Xu et al., 2025).
+            each group and re-normalises the advantages within the kept N (Xu et al., 2025). The controls
+            (docs/method.md section 9.3) keep as many rollouts as the max-variance rule of the same scope, chosen
+            uniformly at random among the scorable ones: `random` as many as `cross` (N*B of the batch),
+            `random-intra` as many as `intra` (N of each group).
         scale_rewards, eps: the advantage convention, used by `pods` for its re-normalisation.
+        generator: the CPU `torch.Generator` the random controls draw from (seed it per step for a run that
+            resumes exactly); None draws from torch's global generator. The other modes ignore it.
 
     Returns:
         A `RolloutSelection`.
@@ -181,13 +220,13 @@ def select_rollouts(
     if total % num_generations != 0:
         raise ValueError(f"num_generations={num_generations} must divide the batch size {total}")
     n_keep = _check_n(n_keep, "n_keep")
-    if mode not in ("none", "intra", "cross", "pods"):
-        raise ValueError(f"mode={mode!r}; valid: 'none', 'intra', 'cross', 'pods'")
+    if mode not in SAMPLE_SELECTIONS:
+        raise ValueError(f"mode={mode!r}; valid: {', '.join(map(repr, SAMPLE_SELECTIONS))}")
     eps = _checks.as_float("eps", eps, low=0.0)
     B, G = total // num_generations, num_generations
     valid = ~torch.isnan(rewards) if rewards.is_floating_point() else torch.ones_like(rewards, dtype=torch.bool)
     _checks.no_inf("rewards", rewards, "NaN marks an unscorable rollout, never kept")
-    if mode != "pods" and advantages.is_floating_point() and not torch.isfinite(advantages[valid]).all():
+    if mode in ("intra", "cross") and advantages.is_floating_point() and not torch.isfinite(advantages[valid]).all():
         bad = advantages[valid][~torch.isfinite(advantages[valid])][0].item()
         raise ValueError(f"advantages must be finite for every scorable rollout (non-NaN reward), found {bad}")
 
@@ -205,8 +244,10 @@ def select_rollouts(
             cand = valid.nonzero().flatten()  # (V,) scorable rows
             if cand.numel() > 0:
                 mask[cand[max_variance_subset(advantages[cand], n_keep * B)]] = True
-    else:
-        raise ValueError(f"mode={mode!r}; valid: 'none', 'intra', 'cross', 'pods'")
+    elif mode == "random":
+        mask = random_mask(valid.view(1, -1), n_keep * B, generator).view(-1)
+    else:  # random-intra
+        mask = random_mask(valid.view(B, G), n_keep, generator).view(-1)
 
     indices = mask.nonzero().flatten()  # (S,) ascending
     if mode == "pods":

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from d3s.loss import ImportanceSamplingLevel, Normalizer
-from d3s.rollout_selection import SampleSelection
+from d3s.rollout_selection import SAMPLE_SELECTIONS, SampleSelection
 from d3s.schedule import SCHEDULE_CLOCKS, linear_schedule
 from d3s.token_selection import TOKEN_CUTS
 
@@ -39,7 +39,8 @@ class Variant:
     """Display name, e.g. "d3s"."""
     sample_selection: SampleSelection = "none"
     """Rollout selection: "none" (keep all), "intra" (N per group), "cross" (N*B over the batch),
-    "pods" (N per group by reward variance, re-normalised)."""
+    "pods" (N per group by reward variance, re-normalised); the controls "random" (as many as "cross", chosen at
+    random) and "random-intra" (as many as "intra", at random), docs/method.md section 9.3."""
     token_selection: bool = False
     """Keep only the top-K fraction of tokens by |A| * H (paper eq. 8)."""
     schedule: Schedule = "constant"
@@ -74,9 +75,9 @@ class Variant:
     """What progress p counts: "steps" (the paper) or "learning_rate" (section 9.2)."""
 
     def __post_init__(self) -> None:
-        if self.sample_selection not in ("none", "intra", "cross", "pods"):
+        if self.sample_selection not in SAMPLE_SELECTIONS:
             raise ValueError(
-                f"{self.name}: sample_selection={self.sample_selection!r}; valid: 'none', 'intra', 'cross', 'pods'"
+                f"{self.name}: sample_selection={self.sample_selection!r}; valid: {', '.join(map(repr, SAMPLE_SELECTIONS))}"
             )
         if self.schedule not in ("constant", "linear"):
             raise ValueError(f"{self.name}: schedule={self.schedule!r}; valid: 'constant', 'linear'")

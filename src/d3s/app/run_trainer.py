@@ -365,6 +365,8 @@ class RunCallback(TrainerCallback):
                   **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
         if self.trainer is not None and self.trainer.d3s_n_params:
             record["flops"] = self.trainer.d3s_flops()
+        if self.trainer is not None:
+            record["prompt_hashes"] = list(self.trainer.d3s_prompt_hashes)  # the step's distinct prompts, in order
         self.run_log.add(record)
         if self.bar is not None:
             self.bar.set_postfix(self._bar_fields(logs), refresh=False)

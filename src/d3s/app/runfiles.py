@@ -324,6 +324,19 @@ def no_signal_share(records: list[dict]) -> float | None:
     return sum(s >= 1.0 - 1e-9 for s in steps) / len(steps) if steps else None
 
 
+def zero_gradient_steps(records: list[dict]) -> dict | None:
+    """Optimizer steps whose gradient was exactly zero (`d3s/zero_gradient`), how many of them still moved the
+    weights (Adam's momentum) and how many were skipped (`skip_steps_without_signal`), of `steps` recorded.
+    None for records made before these were logged."""
+    steps = [r for r in records if r.get("type") == "train" and r.get("d3s/zero_gradient") is not None]
+    if not steps:
+        return None
+    zero = [r for r in steps if r["d3s/zero_gradient"] > 0.5]
+    return {"steps": len(steps), "zero_gradient": len(zero),
+            "moved": sum(r.get("d3s/weights_moved", 0.0) > 0.5 for r in zero),
+            "skipped": sum(r.get("d3s/optimizer_skipped", 0.0) > 0.5 for r in zero)}
+
+
 def token_cut_summary(records: list[dict], *, token_selection: bool, k_init, k_final, token_cut: str,
                       max_grad_norm: float | None, keep_last_in_loss: bool = False, min_tokens_per_rollout: int = 0,
                       mask_truncated: bool = False) -> dict[str, Any] | None:
@@ -402,6 +415,7 @@ def run_summary(run, config, steps: int, heldout_size: int, before: dict | None,
         "flops": last_train.get("flops"),
         "budget": budget,
         "no_signal_steps": no_signal_share(run_log.records),
+        "zero_gradient_steps": zero_gradient_steps(run_log.records),
         "generation": {k: v for k, v in (generation or {}).items() if k != "generation_s_per_signal_group"} or None,
         "generation_s_per_signal_group": (generation or {}).get("generation_s_per_signal_group"),
         "step_seconds": step_seconds(run_log.records),

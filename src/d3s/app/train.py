@@ -274,6 +274,17 @@ def _load_model(run: RunArgs, config):
     return model, tokenizer, model_path
 
 
+STREAM_PROMPTS = 4096
+"""Training prompts of a run whose task draws them (arith): one fixed stream whatever the run's length, so that every
+run of a seed trains on the same prompts in the same order and a longer run sees a longer prefix of them."""
+
+
+def stream_size(needed: int) -> int:
+    """The training rows of a drawn task for a run that uses `needed` prompts: `STREAM_PROMPTS`, or, for a run
+    longer than that, the next multiple of it (runs of one seed pair up to the longest one's multiple)."""
+    return STREAM_PROMPTS * max(1, -(-needed // STREAM_PROMPTS))
+
+
 def _training_data(run: RunArgs, config):
     """`(task, training dataset, prompts per step)`: enough training problems for every step, as TRL's
     conversational `prompt` column beside the gold `answer`."""
@@ -281,7 +292,7 @@ def _training_data(run: RunArgs, config):
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     prompts_per_step = config.per_device_train_batch_size * config.steps_per_generation * world // config.num_generations
-    size = run.task_train_size or max(1, config.max_steps) * max(1, prompts_per_step) + 64
+    size = run.task_train_size or stream_size(max(1, config.max_steps) * max(1, prompts_per_step))
     task = build_task(run.task_config(), size)
     dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"], task.instruction), "answer": p["answer"]}
                                  for p in task.train])

@@ -55,6 +55,7 @@ PRIVATE_TRL_API = {
     "GRPOTrainer._compute_loss": "(self, model, inputs)",
     "GRPOTrainer.training_step": "(self, model, inputs, num_items_in_batch)",
     "GRPOTrainer.train": "(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None)",
+    "GRPOTrainer.create_optimizer": "(self, model=None)",  # public Trainer API: wraps the step (optimizer_steps)
     # overridden with `shared_prefill_generation` (generation.shared_prefill_turn)
     "GRPOTrainer._generate_single_turn": (
         "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)"

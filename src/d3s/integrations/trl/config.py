@@ -58,7 +58,9 @@ class D3SConfig(GRPOConfig):
         metadata=_h(
             "Rollout selection (docs/method.md section 2): 'none' (keep all, TRL's GRPO), 'intra' (max-variance N per group), "
             "'cross' (max-variance N*B over the whole generation batch), 'pods' (max reward variance N per group, "
-            "re-normalised). Default 'none'."
+            "re-normalised); the controls 'random' (as many as 'cross' would keep, chosen uniformly at random, seeded per "
+            "step) and 'random-intra' (as many as 'intra', at random), which are not methods but the test of whether "
+            "max-variance selection matters (docs/method.md section 9.3). Default 'none'."
         ),
     )
     n_init: int | None = field(
@@ -164,6 +166,15 @@ class D3SConfig(GRPOConfig):
     dynamic_sampling_max_rounds: int = field(
         default=3, metadata=_h("Extra generation rounds one generation batch may take with dynamic_sampling (>= 0).")
     )
+    skip_steps_without_signal: bool = field(
+        default=False,
+        metadata=_h(
+            "Skip the optimizer step when the step's gradient is exactly zero (every trained rollout has advantage 0 "
+            "and no KL or router term): the weights and the optimizer's state stay as they were, where Adam would "
+            "still move them on its momentum. Off: TRL's behaviour. Not with DeepSpeed or FSDP (docs/method.md "
+            "section 9.4)."
+        ),
+    )
 
     shared_prefill_generation: bool = field(
         default=False,
@@ -180,6 +191,7 @@ class D3SConfig(GRPOConfig):
         self._resolve_d3s()
         self._check_trl_options()
         self._check_prompt_options()
+        self._check_step_options()
         self._check_generation_options()
 
     def _check_generation_options(self) -> None:
@@ -194,6 +206,13 @@ class D3SConfig(GRPOConfig):
         check_generation_settings({"repetition_penalty": self.repetition_penalty,
                                    "cache_implementation": self.cache_implementation,
                                    **(self.generation_kwargs or {})})
+
+    def _check_step_options(self) -> None:
+        if self.skip_steps_without_signal and self.d3s_sharded:
+            raise ValueError(
+                "skip_steps_without_signal=True under DeepSpeed or FSDP: the engine owns the gradients and the "
+                "optimizer step there; set skip_steps_without_signal=False"
+            )
 
     def _check_prompt_options(self) -> None:
         if isinstance(self.prompt_skip_explore, bool) or not 0.0 < float(self.prompt_skip_explore) <= 1.0:

@@ -44,6 +44,18 @@ def row_key(row: dict, columns: list[str]) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
+def hashes(accelerator, inputs: list[dict]) -> list[str]:
+    """Short hashes (8 hex digits) of the distinct prompts of a generation batch, all processes, in order of first
+    appearance: which prompts a step trained on, checkable from the run's records."""
+    local = torch.tensor([row_key(row, ["prompt"]) for row in inputs], dtype=torch.int64, device=accelerator.device)
+    out: list[str] = []
+    for key in accelerator.gather(local).tolist():  # (S * processes,) in generation order
+        text = f"{key & 0xFFFFFFFF:08x}"
+        if text not in out:
+            out.append(text)
+    return out
+
+
 def _seed(seed: int, index: int) -> int:
     digest = hashlib.blake2b(f"d3s-prompts:{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1

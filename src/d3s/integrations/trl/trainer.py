@@ -33,7 +33,7 @@ import torch
 
 from d3s.advantages import weighted_rewards, zero_where_flat
 from d3s.batch import deal_rows, loss_denominator
-from d3s.integrations.trl import passes, prompts, step_metrics, token_mask
+from d3s.integrations.trl import optimizer_steps, passes, prompts, step_metrics, token_mask
 from d3s.integrations.trl.compat import GRPOTrainer, is_peft_model
 from d3s.integrations.trl.config import D3SConfig
 from d3s.integrations.trl.generation import DeferredPasses, GenerationEntropy, shared_prefill_turn
@@ -43,7 +43,7 @@ from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, loss_mask, 
 from d3s.integrations.trl.selective_head import add_selective_lm_head, selective_forward
 from d3s.loss import policy_loss
 from d3s.prompt_filter import flat_groups
-from d3s.rollout_selection import select_rollouts
+from d3s.rollout_selection import select_rollouts, selection_generator
 from d3s.schedule import generation_index, generation_progress, learning_rate_progress
 
 
@@ -77,6 +77,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         self._d3s_kl = KLMonitor(self.args.kl_log_every, self.args.kl_log_rollouts)
         self.d3s_positions = step_metrics.Positions()  # positions computed: a compute estimate reads them
         self._d3s_prompts = None  # which prompts a generation batch holds (`prompts`), when an option is on
+        self.d3s_prompt_hashes: list[str] = []  # the current generation batch's distinct prompts (`prompts.hashes`)
         if self.args.d3s_chooses_prompts:
             self._d3s_prompts = prompts.PromptChooser(
                 self.train_dataset, seed=self.args.seed, explore=self.args.prompt_skip_explore,
@@ -143,6 +144,9 @@ class D3SGRPOTrainer(GRPOTrainer):
         self._d3s_capture = None
         if not training:
             return batch, None
+        for key in prompts.hashes(self.accelerator, inputs):
+            if key not in self.d3s_prompt_hashes:
+                self.d3s_prompt_hashes.append(key)
         check_row_keys(batch)
         T = batch["completion_ids"].size(1)
         entropies = capture.entropies(batch["completion_mask"], T) if isinstance(capture, GenerationEntropy) else None
@@ -157,6 +161,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         if not self.model.training:
             return self._d3s_generate_once(inputs)[0]  # evaluation: TRL's batch, no down-sampling
         generation_seconds = self._d3s_timer.times["generation"]
+        self.d3s_prompt_hashes = []
         with self._d3s_timed("generation"):
             if self._d3s_prompts is not None:  # prompt_skip / dynamic_sampling (`prompts`)
                 batch, entropies, counts = prompts.generate(self, inputs)
@@ -171,6 +176,12 @@ class D3SGRPOTrainer(GRPOTrainer):
         )
         with self._d3s_timed("selection"):
             return self._d3s_select(batch, entropies)
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):  # there the engine owns gradients and step
+            optimizer_steps.install(optimizer, self._metrics["train"], self.args.skip_steps_without_signal)
+        return optimizer
 
     def training_step(self, model, inputs, num_items_in_batch):
         output = super().training_step(model, inputs, num_items_in_batch)  # TRL counts self._step, step_time
@@ -211,8 +222,12 @@ class D3SGRPOTrainer(GRPOTrainer):
             kept = torch.arange(advantages.numel(), device=device)  # (K,)
             kept_advantages = advantages
         else:
+            generator = None
+            if settings.sample_selection.startswith("random"):  # the controls: seeded per generation batch
+                generator = selection_generator(self.args.seed, self.d3s_generation_index())
             selection = select_rollouts(
-                advantages, rewards, G, n_keep, settings.sample_selection, scale_rewards=self.scale_rewards
+                advantages, rewards, G, n_keep, settings.sample_selection, scale_rewards=self.scale_rewards,
+                generator=generator,
             )
             kept, kept_advantages = selection.indices, selection.advantages  # (K,), (K,)
         kept_mask = torch.zeros_like(advantages, dtype=torch.bool)
