@@ -32,6 +32,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
+from d3s.app import below_start
 from d3s.app.budget import Budget, budget_lr_scheduler, budget_spent, estimated_flops
 from d3s.app.runfolder import STAGING_NAME, UnloadableCheckpoint, publish_folder
 from d3s.integrations.private_api import ATTRIBUTE, NAME
@@ -321,6 +322,8 @@ class RunCallback(TrainerCallback):
         self.last_step = last["step"] if last else 0
         last_eval = run_log.last("eval")
         self.last_acc = last_eval["accuracy"] if last_eval else None
+        self.below_start = bool(last_eval and last_eval.get("below_start"))
+        self.main_process = int(os.environ.get("RANK", "0")) == 0
 
     def wall(self) -> float:
         return self.wall_offset + time.perf_counter() - self.t0 - self.eval_seconds
@@ -382,7 +385,7 @@ class RunCallback(TrainerCallback):
         if "d3s/tokens_in_loss" in logs:
             post["tokens"] = f"{logs['d3s/tokens_in_loss']:.0f}"
         if self.last_acc is not None:
-            post["heldout"] = f"{self.last_acc:.1%}"
+            post["heldout"] = f"{self.last_acc:.1%}" + (" BELOW START" if self.below_start else "")
         return post
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -404,9 +407,14 @@ class RunCallback(TrainerCallback):
         self.last_acc = result["accuracy"]
         last = self.run_log.last("train")
         flops = {"flops": last["flops"]} if last is not None and last.get("flops") is not None else {}
+        event = below_start.check(self.run_log.records, step, result)
+        self.below_start = event is not None
         self.run_log.add({"type": "eval", "step": step, "wall_s": self.wall(), "trained_tokens": self.trained_tokens,
                           "generated_tokens": self.generated_tokens, "computed_tokens": self.computed_tokens,
-                          **flops, **{k: v for k, v in result.items() if k != "examples"}})
+                          **flops, **{k: v for k, v in result.items() if k != "examples"},
+                          **({"below_start": event} if event else {})})
+        if event is not None and self.main_process:
+            tqdm.write(f"d3s train: warning: {below_start.message(event)}", file=sys.stderr)
         return result
 
     def on_train_end(self, args, state, control, **kwargs):
