@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Credit where it is due: what buys D1S-C's gain at GRPO's compute? Controls against the mechanism (random
+# selection of as many rollouts, GRPO generating only what D1S-C trains on) and against the learning-rate budget
+# (each arm at its tuned rate; equal-steps runs). One machine, nothing else running; every finished run is
+# committed by itself (a run's folder, nothing else), and the same command continues after any stop (finished
+# runs are reused, an unfinished one resumes from its checkpoint).
+#
+#   bash benchmarks/credit.sh tuning        # seeds 1-3, default task: GRPO (its 20 steps) and D1S-C (at the same
+#                                           # seed's GRPO compute) at 1x, 2x, 4x the recipe's learning rate
+#   bash benchmarks/credit.sh choose        # each arm's best rate by mean held-out accuracy over seeds 1-3 ->
+#                                           # $RESULTS/credit-tuning/choice.json (trains nothing)
+#   bash benchmarks/credit.sh race          # default task, seeds 21-28, at the tuned rates (needs choice.json)
+#   bash benchmarks/credit.sh steps         # default task, seeds 21-28: D1S-C and random selection for GRPO's steps
+#   bash benchmarks/credit.sh arith2digit   # arith-2digit, seeds 21-26, the same arms and rates
+#   bash benchmarks/credit.sh flat          # the flat-start task (3 terms of 1 digit), seeds 21-23: the shipped
+#                                           # setting against GRPO at its compute (does it fall below its start?)
+#   bash benchmarks/credit.sh all           # tuning, choose, race, steps, arith2digit, flat
+#
+# D3S=... the command (default .venv/bin/d3s where scripts/setup.sh made it); RESULTS=... the folder of the
+# campaigns (default benchmarks/results); COMMIT=0 leaves the runs uncommitted. The rule the race decides by is
+# benchmarks/results/credit-race-default/RULE.md, committed before the race's first run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -x .venv/bin/d3s ]; then D3S=${D3S:-.venv/bin/d3s}; else D3S=${D3S:-d3s}; fi
+RESULTS=${RESULTS:-benchmarks/results}
+COMMIT=${COMMIT:-1}
+COMMON=(--keep_checkpoints none --plots false)
+BUDGET=(--budget reference)
+LR=3e-05  # the recipes' learning rate (default and arith-2digit)
+
+tuning_seeds=1,2,3
+race_seeds=21,22,23,24,25,26,27,28
+arith_seeds=21,22,23,24,25,26
+flat_seeds=21,22,23
+# the flat-start task: 3 terms of 1 digit, + - *: 9% base greedy accuracy, 15 of the first 24 training problems
+# with all 16 answers wrong (benchmarks/results/task-probe/README.md); no recipe ships it
+FLAT_TASK=(--task_min_terms 3 --task_max_terms 3)
+# GRPO generating only what D1S-C trains on per prompt: G = 4 (D1S-C keeps 4 of 16), the recipe's prompts per step
+SMALL_G="num_generations=4+per_device_train_batch_size=8"
+
+rate() { python3 -c "import sys; print(repr(float(sys.argv[1]) * float(sys.argv[2])))" "$LR" "$1"; }
+with_rate() { if [ "$2" = "$LR" ] || [ "$(rate 1)" = "$2" ]; then echo "$1"; else echo "$1+learning_rate=$2"; fi; }
+
+commit_runs() {  # folder: commit every finished run of it not yet committed, each by itself
+    [ "$COMMIT" = 1 ] || return 0
+    local run
+    for run in "$1"/*/; do
+        run=${run%/}
+        [ -f "$run/summary.json" ] || continue
+        if [ -n "$(git status --porcelain -- "$run")" ]; then
+            git add -- "$run" && git commit -q -m "credit, $(basename "$1"): $(basename "$run")" -- "$run"
+        fi
+    done
+    for extra in "$1"/lscpu*.txt "$1"/compare.md "$1"/compare.json; do
+        if [ -f "$extra" ] && [ -n "$(git status --porcelain -- "$extra")" ]; then
+            git add -- "$extra" && git commit -q -m "credit, $(basename "$1"): $(basename "$extra")" -- "$extra"
+        fi
+    done
+}
+
+lscpu_record() {  # folder: this machine's lscpu beside the runs (lscpu.txt, or lscpu-<family>-<model>.txt)
+    local key='/^(CPU family|Model):/ {gsub(/ /, "", $2); printf "%s%s", sep, $2; sep="-"}' here
+    mkdir -p "$1"
+    here=$(lscpu | awk -F: "$key")
+    if [ ! -f "$1/lscpu.txt" ] || [ "$(awk -F: "$key" "$1/lscpu.txt")" = "$here" ]; then
+        lscpu > "$1/lscpu.txt"
+    else
+        lscpu > "$1/lscpu-$here.txt"
+    fi
+}
+
+compare_by_seed() {  # folder seeds variants [options...]: one d3s compare per seed, its runs committed after it
+    local folder=$1 seeds=$2 variants=$3 s
+    shift 3
+    lscpu_record "$folder"
+    for s in ${seeds//,/ }; do
+        $D3S compare "$@" --variants "$variants" --seeds "$s" "${COMMON[@]}" --output_dir "$folder"
+        commit_runs "$folder"
+    done
+    $D3S compare "$@" --variants "$variants" --seeds "$seeds" "${COMMON[@]}" --output_dir "$folder" --plots true
+    commit_runs "$folder"
+}
+
+tuning() {
+    local budget="$RESULTS/credit-tuning" steps="$RESULTS/credit-tuning-grpo" run
+    compare_by_seed "$budget" $tuning_seeds "grpo,d1s-c,$(with_rate d1s-c "$(rate 2)"),$(with_rate d1s-c "$(rate 4)")" \
+        "${BUDGET[@]}"
+    mkdir -p "$steps"  # GRPO at 1x is the budget campaign's reference: the same 20 steps, copied once finished
+    for run in "$budget"/grpo-seed*; do
+        [ -e "$steps/$(basename "$run")" ] || cp -r "$run" "$steps/"
+    done
+    compare_by_seed "$steps" $tuning_seeds "grpo,$(with_rate grpo "$(rate 2)"),$(with_rate grpo "$(rate 4)")"
+}
+
+choose() { .venv/bin/python benchmarks/credit_choice.py --results "$RESULTS"; }
+
+tuned() {  # arm: its tuned learning rate, from choice.json
+    .venv/bin/python -c "import json, sys; print(repr(json.load(open(sys.argv[1]))[sys.argv[2]]['learning_rate']))" \
+        "$RESULTS/credit-tuning/choice.json" "$1"
+}
+
+race_variants() {  # with_d3s: the race's arms at the tuned rates
+    local g d
+    g=$(tuned grpo) d=$(tuned d1s-c)
+    local arms="$(with_rate grpo "$g"),$(with_rate d1s-c "$d"),$(with_rate d1s-c+sample_selection=random "$d")"
+    arms+=",$(with_rate "grpo+$SMALL_G" "$g")"
+    [ "$1" = 1 ] && arms+=",$(with_rate d3s "$d")"
+    echo "$arms"
+}
+
+reference() { with_rate grpo "$(tuned grpo)"; }
+
+race() {
+    compare_by_seed "$RESULTS/credit-race-default" $race_seeds "$(race_variants 1)" "${BUDGET[@]}" \
+        --reference "$(reference)"
+}
+
+steps() {  # equal steps: D1S-C and random selection for GRPO's 20 steps, against the race's GRPO runs
+    local folder="$RESULTS/credit-steps-default" run d
+    d=$(tuned d1s-c)
+    mkdir -p "$folder"
+    for run in "$RESULTS/credit-race-default/$(reference)"-seed*; do
+        [ -f "$run/summary.json" ] && [ ! -e "$folder/$(basename "$run")" ] && cp -r "$run" "$folder/"
+    done
+    compare_by_seed "$folder" $race_seeds "$(reference),$(with_rate d1s-c "$d"),$(with_rate d1s-c+sample_selection=random "$d")" \
+        --reference "$(reference)"
+}
+
+arith2digit() {
+    compare_by_seed "$RESULTS/credit-race-arith2digit" $arith_seeds "$(race_variants 0)" "${BUDGET[@]}" \
+        --reference "$(reference)" --config arith-2digit --heldout_size 500 --budget_points 10
+}
+
+flat() {  # the shipped default recipe's setting on the flat-start task, against GRPO at its compute
+    compare_by_seed "$RESULTS/credit-flat" $flat_seeds "$(reference),$(with_rate d1s-c "$(tuned d1s-c)")" \
+        "${BUDGET[@]}" --reference "$(reference)" "${FLAT_TASK[@]}"
+}
+
+case "${1:-}" in
+    tuning | choose | race | steps | arith2digit | flat) "$1" ;;
+    all) tuning && choose && race && steps && arith2digit && flat ;;
+    *) echo "usage: bash benchmarks/credit.sh tuning|choose|race|steps|arith2digit|flat|all" >&2; exit 2 ;;
+esac
