@@ -550,6 +550,25 @@ def generation(root: Path, prefix: str = "") -> str:
             f"of {same['of']}. Source: {_link('generation', prefix)}.")
 
 
+def d3s_config_fields(root: Path, prefix: str = "") -> str:
+    """docs/trl.md's table of the fields `D3SConfig` adds to TRL's `GRPOConfig`: name, default and help, read from
+    the dataclass itself, so a field added there and not here fails `--check`."""
+    import dataclasses
+
+    from d3s.integrations.trl import D3SConfig
+    from d3s.integrations.trl.compat import GRPOConfig
+
+    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    lines = ["| field | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(D3SConfig):
+        if f.name in trl_fields or not f.init:
+            continue
+        default = "-" if f.default is dataclasses.MISSING else f"`{f.default!r}`"
+        text = f.metadata.get("help", "").replace("|", "\\|")
+        lines.append(f"| `{f.name}` | {default} | {text} |")
+    return "\n".join(lines)
+
+
 FIGURES = {
     "race-headline": race_headline,
     "race-verdict": race_verdict,
@@ -570,6 +589,7 @@ FIGURES = {
     "seed-spread": seed_spread,
     "three-seed-history": three_seed_history,
     "keep-last": keep_last,
+    "d3s-config-fields": d3s_config_fields,
 }
 
 
