@@ -22,8 +22,10 @@ Against a TRL GRPO script, two lines change: the import, and `GRPOConfig(...)` -
         --num_processes 7 examples/trl_grpo.py --model Qwen/Qwen2.5-Math-7B --use_vllm --vllm_mode server
 
 Where these were run: the CPU line in the default test suite. The GPU lines are TRL's usual launches with this
-script; none has been run on GPUs by this project (README, "What is tested, what is not"). The ZeRO-3 config
-and colocated vLLM were run at tiny scale on CPUs (docs/vllm.md).
+script; none has been run on GPUs by this project (README, "What is tested, what is not"). The same ZeRO-3
+config with colocated vLLM runs the paper recipes of `d3s train` at tiny scale on CPUs in CI (docs/vllm.md),
+not this script. For a 7B-8B model, the recipes' memory settings per GPU (micro-batches of 4 rollouts, gradient
+checkpointing, vllm_gpu_memory_utilization) are in recipes/paper-qwen2.5-math-7b.yaml.
 
 `--dataset`: a JSONL file, or a dataset on the Hugging Face Hub or saved locally, with a `question` and an `answer`
 column (`answer`: the final number). Without it, a small built-in list of arithmetic questions.
