@@ -8,7 +8,9 @@ Every figure sits in a marked block of a page:
 
 and comes from `benchmarks/results/<folder>/compare.json` (what `d3s compare` wrote) or, for what that file
 does not hold (the held-out curve of every run, the machine a run was timed on), the run folders beside it.
-Each block names its source folders in its text.
+Each block names its source folders in its text. Two blocks come from the code instead: docs/trl.md's table of
+`D3SConfig`'s fields (from the dataclass) and the README's supported versions (from pyproject.toml). The pages
+are README.md and docs/*.md (docs/results.md holds the results).
 
     python scripts/readme_figures.py           # rewrite every block from the data
     python scripts/readme_figures.py --check   # exit 1, naming each block whose text differs from the data
