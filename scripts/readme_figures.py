@@ -8,7 +8,9 @@ Every figure sits in a marked block of a page:
 
 and comes from `benchmarks/results/<folder>/compare.json` (what `d3s compare` wrote) or, for what that file
 does not hold (the held-out curve of every run, the machine a run was timed on), the run folders beside it.
-Each block names its source folders in its text.
+Each block names its source folders in its text. Two blocks come from the code instead: docs/trl.md's table of
+`D3SConfig`'s fields (from the dataclass) and the README's supported versions (from pyproject.toml). The pages
+are README.md and docs/*.md (docs/results.md holds the results).
 
     python scripts/readme_figures.py           # rewrite every block from the data
     python scripts/readme_figures.py --check   # exit 1, naming each block whose text differs from the data
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -167,28 +170,8 @@ def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
                      f"{ahead} of {total} evaluations |")
     lines.append("")
     lines.append(f"Source: {_link(folder, prefix)} (`compare.json`; the last two columns from the runs' "
-                 "`metrics.jsonl`). All variants ran the same number of steps. Step time: the mean over seeds of a run's "
-                 "seconds per step over the same seed's GRPO run's, only for pairs timed on one recorded machine "
-                 "(the seeds counted are named where some pairs are not).")
+                 "`metrics.jsonl`).")
     return "\n".join(lines)
-
-
-def quick_evidence(root: Path, prefix: str = "") -> str:
-    """At the same number of steps as GRPO (so with less compute): the default recipe's D1S-C and D3S + floor."""
-    said = []
-    for folder, task in (("campaign5-default", "the default task"), ("campaign5-arith2digit", "arith-2digit")):
-        c = _compare(root, folder)
-        g = c["variants"]["grpo"]
-        arms = []
-        for v in ("d1s-c", FLOOR, "d3s"):
-            r = c["variants"][v]
-            arms.append(f"{LABELS[v]} {pct(r['final_accuracy_mean'])} "
-                        f"({paired(r['diff_to_reference_mean'], r['diff_to_reference_ci95'])}, "
-                        f"{r['computed_tokens_mean'] / g['computed_tokens_mean']:.2f} of GRPO's positions)")
-        said.append(f"on {task} GRPO ended at {pct(g['final_accuracy_mean'])}, " + ", ".join(arms))
-    return (f"Over {len(c['seeds'])} paired seeds, at the same number of steps as GRPO, against GRPO and with the "
-            "training-forward positions computed as a share of GRPO's: " + "; ".join(said) + ". Sources: "
-            f"{_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
 
 
 def floor_vs_paper(root: Path, prefix: str = "") -> str:
@@ -272,7 +255,29 @@ RACE_LABELS = {"grpo": "GRPO", "d3s+min_tokens_per_rollout=0": "paper's D3S", "d
                "d3s+mask_truncated_completions": "D3S + floor + mask_truncated_completions",
                "d3s+max_grad_norm=0": "D3S + floor, no gradient clipping"}
 RACE_SEEDS = {"race-default": 8, "race-ablations": 4, "race-arith2digit": 6}  # each campaign's seeds when finished
-TARGET_SHARE, TARGET_SEEDS = 0.4, 0.75  # the target: GRPO's final reached and held within 0.4x, in 3 of 4 seeds
+TARGET_SHARE, TARGET_SEEDS = 0.4, 0.75  # the target: GRPO's final reached and held within 0.4x, in >= 75% of seeds
+
+
+def race_terms(root: Path, prefix: str = "") -> str:
+    """The terms the race tables use, defined once, with the compute target's share and seed counts."""
+    need = ", ".join(f"{math.ceil(TARGET_SEEDS * n - 1e-9)} of {n}" for n in sorted(set(RACE_SEEDS.values()),
+                                                                                    reverse=True))
+    return "\n".join([
+        "- **Compute**: a run's estimated model FLOPs, generation included ([compare.md](compare.md)). **At GRPO's "
+        "compute**: every other variant of a seed trained until it had spent the same seed's GRPO run's compute, "
+        "with its learning rate and N/K schedule over the share spent, and was evaluated at the same compute shares.",
+        "- **Paired, [95% interval]**: a difference is taken seed by seed; its interval is a Student t interval over "
+        "seeds. **Not shown**: the interval includes zero, so the seeds do not tell the sign.",
+        "- **MDD**: the smallest true difference this many seeds detect (80% power, 5% level).",
+        "- **Area under acc-vs-compute**: the mean held-out accuracy over the budget.",
+        "- **Reached and held**: the compute share at which a run's held-out accuracy reached the same seed's GRPO "
+        "final and stayed at or above it to the end. It is read at an evaluation, and the run crossed between that "
+        "evaluation and the one before, so a share is an upper bound; **can't tell**: those two evaluations lie on "
+        f"either side of {TARGET_SHARE}.",
+        f"- **The compute target**: reaching and holding the same seed's GRPO final within {TARGET_SHARE}x of "
+        f"GRPO's compute in at least {TARGET_SEEDS:.0%} of a campaign's seeds ({need}).",
+        "- **Wall-clock** ratios are given only between runs timed on one recorded machine.",
+    ])
 
 
 def race_label(folder: str, variant: str) -> str:
@@ -366,15 +371,8 @@ def race_table(root: Path, folder: str, prefix: str = "") -> str:
                      f"{'-' if mdd is None else f'{100 * mdd:.1f} points'} | {100 * b['probability_of_improvement']:.0f}% | "
                      f"{auc} | " + reach + f" {wall_text} |")
     lines.append("")
-    lines.append(f"{'Seeds' if len(seeds) > 1 else 'Seed'} {seed_list(seeds)}, paired. Source: {_link(folder, prefix)} (`compare.json`). Every run trained "
-                 "until it had spent the same seed's GRPO estimated model FLOPs (generation included) and was "
-                 "evaluated at the same compute shares. MDD: the smallest true difference this many seeds detect "
-                 "(80% power, 5% level). The area under accuracy against compute share is the mean held-out "
-                 "accuracy over the budget. Reached and held: the compute share at which a run's held-out accuracy "
-                 "reached the same seed's GRPO final and stayed at or above it to the end, at an evaluation: the run "
-                 "crossed between that evaluation and the one before, so a share is an upper bound; \"can't tell\": "
-                 f"the two evaluations lie on either side of {TARGET_SHARE}. Wall-clock ratios only between runs timed "
-                 "on one recorded machine.")
+    lines.append(f"{'Seeds' if len(seeds) > 1 else 'Seed'} {seed_list(seeds)}, paired. Source: {_link(folder, prefix)} "
+                 "(`compare.json`). The terms: [above](#terms).")
     return "\n".join(lines)
 
 
@@ -494,7 +492,8 @@ def race_decision(root: Path, prefix: str = "") -> str:
     planned = n_seeds(RACE_SEEDS[DECIDED_ON])
     rule = ("Decided before the arith-2digit runs, since the default task chose D1S-C for them: the default "
             f"recipe's variant becomes D1S-C if on arith-2digit, over its {planned}, D1S-C ends at or above D3S + floor "
-            "(then the default recipe's variant) at GRPO's compute in the paired mean and is not shown below GRPO; "
+            "(the default recipe's variant when the rule was fixed) at GRPO's compute in the paired mean and is not "
+            "shown below GRPO; "
             "otherwise the default recipe stays D3S + floor. ")
     decided = race_decision_variant(root)
     if decided is None:
@@ -550,8 +549,108 @@ def generation(root: Path, prefix: str = "") -> str:
             f"of {same['of']}. Source: {_link('generation', prefix)}.")
 
 
+# --- the README's own blocks: the race in four rows, the GPU measurement, generation's share, the versions ------
+
+RACE_ROWS = ("GRPO", "D1S-C", "D3S + floor", "paper's D3S")  # the README table's rows, in order
+
+
+def _race_arm(folder: str, variant: str) -> str:
+    """The README row of a race arm: arith-2digit's recipe's own D3S is the paper's."""
+    label = race_label(folder, variant)
+    return "paper's D3S" if label.startswith("paper's D3S") else label
+
+
+def race_table_short(root: Path, prefix: str = "") -> str:
+    """Accuracy at GRPO's compute on both race tasks, one row per arm, paired against GRPO: the README's table."""
+    folders = [f for f in ("race-default", "race-arith2digit") if race_has_data(root, f)]
+    cells: dict[str, list[str]] = {row: [] for row in RACE_ROWS}
+    head = ["| variant"]
+    for folder in folders:
+        c = _compare(root, folder)
+        task = RACE_TASKS[folder].removeprefix("the ")
+        head.append(f" {task} ({n_seeds(len(c['seeds']))}) | vs GRPO, paired")
+        for v, r in c["variants"].items():
+            b = r["budget"]
+            diff = "-" if v == c["reference"] else paired(b["diff_at_budget_mean"], b["diff_at_budget_ci"])
+            cells[_race_arm(folder, v)] += [f"{pct(r['final_accuracy_mean'])} {_interval(r['seed_ci95'])}", diff]
+    lines = [" |".join(head) + " |", "|---" * (1 + 2 * len(folders)) + "|"]
+    lines += [f"| {row} | " + " | ".join(cells[row]) + " |" for row in RACE_ROWS if cells[row]]
+    lines.append("")
+    lines.append("Held-out accuracy once every variant has spent the same seed's GRPO compute (estimated model FLOPs, "
+                 "generation included): mean [95% interval over seeds]; the difference to GRPO paired by seed, "
+                 "\"not shown\" where its interval includes zero. Sources: "
+                 + ", ".join(_link(f, prefix) for f in folders) + ".")
+    return "\n".join(lines)
+
+
+GPU_FOLDER = "gpu-h200"
+
+
+def gpu_training_phase(root: Path, prefix: str = "") -> str:
+    """The one GPU measurement: D3S's training phase against TRL's GRPO early and late in the schedule, and the
+    trainer tests on the same GPU."""
+    folder = root / RESULTS / GPU_FOLDER
+    data = json.loads((folder / "bench_trl_training_phase_qwen-0.5b_cuda.json").read_text())
+    ratio = {r["name"].split(":")[0]: r["ratio_vs_grpo"] for r in data["results"]}
+    batch = data["batch"]
+    lo, hi = batch["completion_tokens"]
+    tests = re.search(r"(\d+) failed, (\d+) passed", (folder / "tests3.log").read_text())
+    failed, passed = int(tests.group(1)), int(tests.group(2))
+    return (f"The one GPU measurement (one {data['device']}, a {data['model_parameters'] / 1e6:.0f}M-parameter "
+            f"Qwen2.5-0.5B-shaped model with random weights, bf16, {batch['prompts']} prompts x "
+            f"{batch['num_generations']} rollouts of {lo}-{hi} tokens): D3S's training phase, generation not "
+            f"included, took {ratio['d3s early']:.2f}x GRPO's early in its schedule (N = 4 of 16 rollouts, K = 5% of "
+            f"tokens) and {ratio['d3s late']:.2f}x late (N = 16 of 16, K = 20%); the trainer tests passed there, "
+            f"{passed} of {passed + failed} (one missed its tolerance). Source: {_link(GPU_FOLDER, prefix)}.")
+
+
+def generation_share(root: Path, prefix: str = "") -> str:
+    """Generation's share of a GRPO step in the 5-seed campaigns: what no variant's step can go below."""
+    shares = []
+    for folder in ("campaign5-default", "campaign5-arith2digit"):
+        parts = _compare(root, folder)["variants"]["grpo"]["step_seconds_mean"]
+        shares.append(parts["generation"] / parts["step"])
+    return (f"On the CPU campaigns generation took {shares[0]:.2f} (default task) and {shares[1]:.2f} (arith-2digit) "
+            f"of a GRPO step ({_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}), so "
+            f"no variant's step cost less than that share there.")
+
+
+def supported_versions(root: Path, prefix: str = "") -> str:
+    """The versions `pyproject.toml` declares: Python, torch, and the TRL extra's pins."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    pins = {re.split(r"[<>=!~ ]", d, maxsplit=1)[0]: d for d in project["dependencies"]
+            + project["optional-dependencies"]["trl"]}
+    shown = ", ".join(f"`{pins[name]}`" for name in ("torch", "trl", "transformers", "accelerate", "datasets"))
+    return (f"Supported: Python `{project['requires-python']}`, {shown} (`pyproject.toml`; the TRL glue overrides "
+            f"private TRL methods, so TRL is pinned to the minor version it was verified with).")
+
+
+def d3s_config_fields(root: Path, prefix: str = "") -> str:
+    """docs/trl.md's table of the fields `D3SConfig` adds to TRL's `GRPOConfig`: name, default and help, read from
+    the dataclass itself, so a field added there and not here fails `--check`."""
+    import dataclasses
+
+    from d3s.integrations.trl import D3SConfig
+    from d3s.integrations.trl.compat import GRPOConfig
+
+    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    lines = ["| field | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(D3SConfig):
+        if f.name in trl_fields or not f.init:
+            continue
+        default = "-" if f.default is dataclasses.MISSING else f"`{f.default!r}`"
+        text = f.metadata.get("help", "").replace("|", "\\|")
+        lines.append(f"| `{f.name}` | {default} | {text} |")
+    return "\n".join(lines)
+
+
 FIGURES = {
     "race-headline": race_headline,
+    "race-terms": race_terms,
     "race-verdict": race_verdict,
     "race-default": lambda root, prefix="": race_table(root, "race-default", prefix),
     "race-default-settings": lambda root, prefix="": race_settings(root, "race-default", prefix),
@@ -562,7 +661,6 @@ FIGURES = {
     "race-ablations-settings": lambda root, prefix="": race_settings(root, "race-ablations", prefix),
     "first-command": first_command,
     "generation": generation,
-    "quick-evidence": quick_evidence,
     "campaign5-default": lambda root, prefix="": campaign_table(root, "campaign5-default", prefix),
     "campaign5-arith2digit": lambda root, prefix="": campaign_table(root, "campaign5-arith2digit", prefix),
     "floor-vs-paper": floor_vs_paper,
@@ -570,6 +668,11 @@ FIGURES = {
     "seed-spread": seed_spread,
     "three-seed-history": three_seed_history,
     "keep-last": keep_last,
+    "d3s-config-fields": d3s_config_fields,
+    "race-table-short": race_table_short,
+    "gpu-training-phase": gpu_training_phase,
+    "generation-share": generation_share,
+    "supported-versions": supported_versions,
 }
 
 

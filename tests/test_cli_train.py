@@ -203,3 +203,35 @@ def test_help_lists_fields(capsys):
     text = capsys.readouterr().out
     for field in ("--variant", "--n_init", "--k_final", "--heldout_size", "--learning_rate", "--model"):
         assert field in text
+
+
+@pytest.mark.parametrize("argv,added", [
+    ([], {}),  # d1s-c: the recipe's floor is inert without a token cut
+    (["--variant", "d3s"], {"recipe": {"min_tokens_per_rollout": 4}}),
+    (["--variant", "d3s", "--min_tokens_per_rollout", "0"], {}),  # the paper's D3S
+    (["--variant", "d3s", "--token_cut", "sign"], {"recipe": {"min_tokens_per_rollout": 4},
+                                                   "command line": {"token_cut": "sign"}}),
+    (["--config", "arith-2digit"], {}),
+])
+def test_what_a_recipe_adds_to_its_variant_is_named(argv, added):
+    """`d3s` on the default recipe is D3S with a floor of 4 tokens per kept rollout: the run's start line and its
+    run_config.json say so, and so does the `d3s` arm of `d3s compare` (its runs record what `d3s train` would)."""
+    from d3s.app.compare.command import planned_run_config
+    from d3s.app.recipe import variant_additions, variant_label
+    from d3s.app.train import resolve_run_config
+
+    run, config, recipe = parse_train_args(argv)
+    assert variant_additions(config, recipe) == added
+    assert resolve_run_config(run, config, recipe)["variant"] == {"name": config.variant, "added": added}
+    if argv[:2] == ["--variant", "d3s"] and len(argv) == 2:
+        assert variant_label(config.variant, added) == "d3s (+ recipe: min_tokens_per_rollout=4)"
+        planned = planned_run_config(Path("runs/cmp/d3s-seed1"), "d3s", 1, [])
+        assert planned["variant"]["added"] == {"recipe": {"min_tokens_per_rollout": 4}}
+
+
+def test_the_start_line_and_run_config_name_the_recipes_additions(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, "--min_tokens_per_rollout", "2", "--max_steps", "1", "--eval_every", "1") == 0
+    assert "d3s train: d3s (+ command line: min_tokens_per_rollout=2) on arith with" in capsys.readouterr().err
+    recorded = json.loads((out / "run_config.json").read_text())["variant"]
+    assert recorded == {"name": "d3s", "added": {"command line": {"min_tokens_per_rollout": 2}}}

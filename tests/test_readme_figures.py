@@ -7,6 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,18 +26,57 @@ def test_every_block_is_used_by_a_page():
     assert used == set(figures.FIGURES)
 
 
-def test_a_figure_edited_by_hand_is_named(tmp_path):
-    copy = tmp_path / "README.md"
-    shutil.copy(ROOT / "README.md", copy)
+def _page_copies(tmp_path: Path) -> Path:
+    """A root with copies of README.md and docs/*.md over the committed data (so `--check` reads the copies)."""
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    for page in figures.pages(ROOT):
+        shutil.copy(page, root / page.relative_to(ROOT))
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    (root / "benchmarks").symlink_to(ROOT / "benchmarks")
+    return root
+
+
+@pytest.mark.parametrize("page,name,old,new", [
+    ("README.md", "race-table-short", "69.9%", "71.9%"),
+    ("docs/results.md", "race-default", "64.9%", "66.9%"),
+    ("docs/results.md", "campaign5-default", "65.8%", "68.5%"),
+])
+def test_a_figure_edited_by_hand_fails_the_check_and_is_named(tmp_path, monkeypatch, capsys, page, name, old, new):
+    root = _page_copies(tmp_path)
+    copy = root / page
     text = copy.read_text()
-    block = re.search(r"<!-- figures:quick-evidence -->\n(.*?)<!-- /figures:quick-evidence -->", text, re.S)
-    edited = block.group(1).replace("65.8%", "68.5%", 1)
+    block = re.search(rf"<!-- figures:{name} -->\n(.*?)<!-- /figures:{name} -->", text, re.S)
+    edited = block.group(1).replace(old, new, 1)
     assert edited != block.group(1)
     copy.write_text(text.replace(block.group(1), edited))
-    assert figures.run(ROOT, check=True, files=[copy]) == ["README.md: quick-evidence"]
-    assert "68.5%" in copy.read_text()  # --check leaves the page as it is
-    assert figures.run(ROOT, check=False, files=[copy]) == ["README.md: quick-evidence"]
+    monkeypatch.setattr(figures, "ROOT", root)
+    assert figures.main(["--check"]) == 1
+    assert f"{copy.name}: {name}" in capsys.readouterr().out
+    assert new in copy.read_text()  # --check leaves the page as it is
+    assert figures.run(root, check=False, files=[copy]) == [f"{copy.name}: {name}"]
     assert copy.read_text() == text
+    assert figures.main(["--check"]) == 0
+
+
+def test_the_trl_field_table_lists_every_d3s_config_field():
+    import dataclasses
+
+    from d3s.integrations.trl import D3SConfig
+    from d3s.integrations.trl.compat import GRPOConfig
+
+    ours = [f.name for f in dataclasses.fields(D3SConfig) if f.init]
+    ours = [n for n in ours if n not in {f.name for f in dataclasses.fields(GRPOConfig)}]
+    text = (ROOT / "docs" / "trl.md").read_text()
+    block = re.search(r"<!-- figures:d3s-config-fields -->\n(.*?)<!-- /figures:d3s-config-fields -->", text, re.S)
+    rows = re.findall(r"^\| `(\w+)` \|", block.group(1), re.M)
+    assert rows == ours
+    for name in ("token_cut", "min_tokens_per_rollout", "keep_last_in_loss", "schedule_clock"):
+        assert name in rows
+    # a field dropped from the page fails the check
+    line = next(line for line in block.group(1).splitlines() if line.startswith("| `schedule_clock`"))
+    stale = text.replace(line + "\n", "")
+    assert figures.render(stale, ROOT, "../")[1] == ["d3s-config-fields"]
 
 
 def test_an_interval_containing_zero_shows_nothing():

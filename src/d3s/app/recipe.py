@@ -30,6 +30,7 @@ from d3s.app.datafiles import DuplicateKey, NotUtf8, read_text, yaml_loader
 from d3s.app.errors import RecipeError
 from d3s.app.options import refuse_repeated
 from d3s.app.run_args import RunArgs
+from d3s.variants import get_variant, scaled_count
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_RECIPE = "default"
@@ -385,3 +386,54 @@ def _apply_mixed_precision(config, precision: str) -> None:
 def set_offline_defaults() -> None:
     """No hub traffic unless the user asked for it."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+# The settings a named variant fixes (`d3s.variants`), and when a setting takes effect: the token-cut options only
+# with a token cut, the schedule clock only with a linear schedule.
+_VARIANT_FIELDS = ("sample_selection", "token_selection", "schedule", "n_init", "n_final", "k_init", "k_final",
+                   "normalizer", "token_cut", "min_tokens_per_rollout", "keep_last_in_loss", "schedule_clock",
+                   "importance_sampling_level")
+_TAKES_EFFECT = {"token_cut": lambda c: bool(c.token_selection),
+                 "min_tokens_per_rollout": lambda c: bool(c.token_selection),
+                 "keep_last_in_loss": lambda c: bool(c.token_selection),
+                 "schedule_clock": lambda c: c.schedule == "linear"}
+
+
+def _variant_values(name: str, num_generations: int) -> dict[str, Any]:
+    """The D3S fields as `D3SConfig(variant=name, num_generations=G)` resolves them with nothing else set."""
+    v = get_variant(name)
+    counts = v.sample_selection != "none"
+    return {"sample_selection": v.sample_selection, "token_selection": v.token_selection, "schedule": v.schedule,
+            "n_init": scaled_count(v.n_init, num_generations, v.num_generations) if counts else None,
+            "n_final": scaled_count(v.n_final, num_generations, v.num_generations) if counts else None,
+            "k_init": v.k_init if v.token_selection else None, "k_final": v.k_final if v.token_selection else None,
+            "normalizer": v.normalizer, "token_cut": v.token_cut, "min_tokens_per_rollout": v.min_tokens_per_rollout,
+            "keep_last_in_loss": v.keep_last_in_loss, "schedule_clock": v.schedule_clock,
+            "importance_sampling_level": "sequence" if v.importance_sampling_level == "sequence_token" else "token"}
+
+
+def variant_additions(config, recipe: dict | None) -> dict[str, dict[str, Any]]:
+    """What a run trains beyond its named `variant`: the D3S fields whose value differs from the one the variant
+    alone gives and that take effect, by where they were set, `{"recipe": {...}, "command line": {...}}` (empty
+    sections left out). `d3s train --variant d3s` on the default recipe gives `{"recipe": {"min_tokens_per_rollout":
+    4}}`: D3S with a floor, not the paper's D3S. A field the recipe file sets to the value the run has counts as the
+    recipe's; any other (a flag, a `d3s compare` run setting) as the command line's."""
+    if config.variant is None:
+        return {}
+    own = _variant_values(config.variant, config.num_generations)
+    values = (recipe or {}).get("values") or {}
+    added: dict[str, dict[str, Any]] = {}
+    for name in _VARIANT_FIELDS:
+        value = getattr(config, name)
+        if value == own[name] or not _TAKES_EFFECT.get(name, lambda c: True)(config):
+            continue
+        where = "recipe" if name in values and values[name] == value else "command line"
+        added.setdefault(where, {})[name] = value
+    return {where: added[where] for where in ("recipe", "command line") if where in added}
+
+
+def variant_label(variant: str | None, additions: dict[str, dict[str, Any]]) -> str:
+    """'d3s (+ recipe: min_tokens_per_rollout=4)': the variant and what the recipe or command line adds to it."""
+    extra = "; ".join(f"+ {where}: " + ", ".join(f"{k}={v}" for k, v in fields.items())
+                      for where, fields in additions.items())
+    return (variant or "custom") + (f" ({extra})" if extra else "")

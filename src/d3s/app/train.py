@@ -54,7 +54,8 @@ from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.machine import machine_description
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
-from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, train_device
+from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, train_device, \
+    variant_additions, variant_label
 from d3s.app.resume import settle_resume
 from d3s.app.run_args import RunArgs
 from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary, write_failure
@@ -195,12 +196,15 @@ def run_train(run: RunArgs, config, recipe: dict | None = None, held: RunLock | 
 def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
     """Fix the logging the records need; returns what `run_config.json` records: the run and trainer settings
     (with the mixed precision the trainer runs, which `precision` settled when the config was built), the
-    recipe, the code version and the machine it is timed on."""
+    recipe, what the recipe or the command line adds to the named variant (`variant`: `d3s` on the default recipe is
+    D3S with a floor of 4 tokens per kept rollout, not the paper's D3S), the code version and the machine it is timed
+    on."""
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
     trainer = {**config.to_dict(), "mixed_precision": config.mixed_precision}
     accelerator = torch.cuda.get_device_name() if _device(config) == "cuda" else None
-    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "code_version": code_version(),
-            "machine": machine_description(accelerator)}
+    variant = {"name": config.variant, "added": variant_additions(config, recipe)}
+    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "variant": variant,
+            "code_version": code_version(), "machine": machine_description(accelerator)}
 
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
@@ -245,7 +249,8 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)
     count_compute(trainer, callback, model, run_log)
     steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
-    _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
+    variant = variant_label(config.variant, run_config["variant"]["added"])  # "d3s (+ recipe: ...)"
+    _say(f"{variant} on {run.task} with {Path(model_path).name}, "
          f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
          f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
 
