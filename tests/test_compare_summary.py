@@ -95,6 +95,10 @@ def test_summary_tables(tmp_path):
     # MDD: (t_{0.975, 2} + t_{0.8, 2}) sd / sqrt(3), the t quantiles in closed form for 2 degrees of freedom
     t2 = [(2 * p - 1) / math.sqrt(2 * p * (1 - p)) for p in (0.975, 0.8)]
     assert d3s["diff_to_reference_mdd"] == pytest.approx(sum(t2) * statistics.stdev(diffs) / math.sqrt(3))
+    # sign flips of (0.05, 0, 0.10): only +-(0.05 + 0.10) are as far from zero, twice each (0 flips to itself)
+    assert d3s["diff_to_reference_p_value"] == 0.5 and d3s["diff_to_reference_p_value_holm"] == 0.5
+    assert d3s["diff_to_reference_leave_one_out"] == pytest.approx([0.025, 0.075])
+    assert summary["variants"]["grpo"]["diff_to_reference_p_value"] is None
     # d3s reaches 60% at its step-2 evaluation in every seed: 120 s, 2 steps x 100 positions
     assert d3s["seeds_reaching_target"] == 3
     assert d3s["wall_s_to_target_mean"] == 120.0 and d3s["computed_to_target_mean"] == 200.0
@@ -109,6 +113,7 @@ def test_summary_tables(tmp_path):
     md = render_markdown(summary, "d3s compare ...")
     assert "**The runs were made by different code versions**" in md and "seed 3 `0.1.0+gdef`" in md
     assert "| d3s | 65.0% |" in md and "| +5.0 |" in md
+    assert "| +5.0 | [-7.4, +17.4] (not shown) | 0.5 |" in md  # paired interval, then the Holm-corrected p
     assert "Recipe not recorded, so not checked against this command: grpo seed 1" in md
     # where a step's time goes: means over steps and seeds; parts only where every run timed them
     assert grpo["step_seconds_mean"] == {"step": 42.0}

@@ -4,6 +4,7 @@ step's time goes, what generation bought, the runs and the machines they were ti
 
 from __future__ import annotations
 
+from d3s.app.compare.stats import shown
 from d3s.app.machine import machine_label, one_machine, wall_not_compared
 
 
@@ -45,23 +46,30 @@ def _section(title: str, note: str, head: list[str], rows: list[list[str]]) -> l
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
+def _p(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
 def _accuracy(summary: dict) -> list[str]:
     ref = summary["reference"]
     rows = [[v, _pct(row["final_accuracy_mean"]), _ci(row["seed_ci95"]), _ci(row["pooled_ci95"]),
              ", ".join(_pct(a) for a in row["final_accuracy_per_seed"]),
              _points(row["diff_to_reference_mean"]) if v != ref else "-",
-             _ci(row["diff_to_reference_ci95"], _points) if v != ref else "-",
+             _shown(row["diff_to_reference_ci95"], row.get("diff_to_reference_p_value_holm")) if v != ref else "-",
+             _p(row.get("diff_to_reference_p_value_holm")),
              f"{100 * row['diff_to_reference_mdd']:.1f}" if v != ref and row.get("diff_to_reference_mdd") else "-",
              _pct(row["no_signal_share_mean"])]
             for v, row in summary["variants"].items()]
     return _section(
         "Final held-out accuracy",
         f"Mean over seeds with a 95% t-interval over seeds (needs 2 seeds) and the 95% Wilson interval of the "
-        f"pooled answers; the difference to {ref} is paired by seed, in percentage points, with the minimum "
-        "detectable difference at this seed count (MDD: 80% power at the 5% level, from the paired SD; a true "
-        "difference below it would usually be missed).",
+        f"pooled answers; the difference to {ref} is paired by seed, in percentage points, with the exact "
+        "sign-flip p-value of its mean Holm-corrected over the variants of this table ('not shown' unless the "
+        "interval excludes zero and the corrected p is below 0.05), and the minimum detectable difference at this "
+        "seed count (MDD: 80% power at the 5% level, from the paired SD; a true difference below it would usually "
+        "be missed).",
         ["variant", "final acc (mean)", "95% CI over seeds", "pooled 95% CI", "per seed", f"vs {ref} (points)",
-         "paired 95% CI", "MDD (points)", "steps with no signal"], rows)
+         "paired 95% CI", "p (Holm)", "MDD (points)", "steps with no signal"], rows)
 
 
 def _speedup_wall(row: dict) -> str:
@@ -201,11 +209,20 @@ def _notes(summary: dict) -> list[str]:
     return lines
 
 
-def _shown(ci, fmt=_points) -> str:
-    """A paired interval, and "not shown" where it includes zero."""
+def _shown(ci, p_holm: float | None, fmt=_points) -> str:
+    """A paired interval, and "not shown" unless the difference is shown (`stats.shown`: the interval excludes
+    zero and the Holm-corrected sign-flip p-value is below 0.05); the corrected p where only it disagrees."""
     if ci is None:
         return "-"
-    return _ci(ci, fmt) + (" (not shown)" if ci[0] <= 0 <= ci[1] else "")
+    if shown(ci, p_holm):
+        return _ci(ci, fmt)
+    if ci[0] <= 0 <= ci[1] or p_holm is None:
+        return _ci(ci, fmt) + " (not shown)"
+    return _ci(ci, fmt) + f" (not shown: corrected p = {_p(p_holm)})"
+
+
+def _loo(r, fmt=_points) -> str:
+    return "-" if r is None else f"{fmt(r[0])} to {fmt(r[1])}"
 
 
 def _budget(summary: dict) -> list[str]:
@@ -221,11 +238,13 @@ def _budget(summary: dict) -> list[str]:
         reached = f"{b['seeds_reaching_target']}/{len(per)} ({b['seeds_reaching_target_early']} by {b['early_share']:.1f})"
         mine = v != ref
         rows.append([v, _pct(sum(accs) / len(accs)), _points(b["diff_at_budget_mean"]) if mine else "-",
-                     _shown(b["diff_at_budget_ci"]) if mine else "-",
+                     _shown(b["diff_at_budget_ci"], b["p_value_holm"]) if mine else "-",
+                     _p(b["p_value"]), _p(b["p_value_holm"]), _loo(b["leave_one_out"]),
                      f"{100 * b['diff_at_budget_mdd']:.1f}" if mine and b["diff_at_budget_mdd"] is not None else "-",
                      _pct(b["probability_of_improvement"]) if mine else "-",
                      _points(b["auc_diff_mean"]) if mine and b["auc_diff_mean"] is not None else "-",
-                     _shown(b["auc_diff_ci"]) if mine else "-", reached,
+                     _shown(b["auc_diff_ci"], b["auc_p_value_holm"]) if mine else "-",
+                     _p(b["auc_p_value"]), _p(b["auc_p_value_holm"]), reached,
                      _share(b["compute_to_target_median"])])
         for s, p in per.items():
             seeds.append([v, s, _pct(p["accuracy_at_budget"]), _pct(p["auc"]), _share(p["compute_to_target"]),
@@ -235,13 +254,18 @@ def _budget(summary: dict) -> list[str]:
         f"At {ref}'s compute (the headline)",
         f"Every variant trained on the estimated model FLOPs of the same seed's {ref} run (docs/compare.md), its "
         "learning rate and N/K schedule over the share of them spent, evaluated at the same compute shares. Paired "
-        f"by seed against {ref}, in points: the mean difference with its 95% t-interval over {n} seeds ('not "
-        "shown' where it includes zero), the minimum detectable difference at this seed count (80% power), the "
-        "share of seeds it beat the reference (ties half); the area under accuracy against compute share (the mean "
-        f"accuracy over the budget); and the seeds that reached the same seed's {ref} final accuracy and stayed "
-        "there, with how many did by the share in brackets, and the median compute share they needed.",
-        ["variant", "acc at budget", f"vs {ref}", "paired 95% CI", "MDD", "P(better)", "AUC vs ref", "AUC 95% CI",
-         "reached and held", "median compute to target"], rows)
+        f"by seed against {ref}, in points: the mean difference with its 95% t-interval over {n} seeds, the exact "
+        "sign-flip p-value of the mean (p) and that p Holm-corrected over the variants of this table (Holm p), "
+        "the range of the mean with any one seed left out, the minimum detectable difference at this seed count "
+        "(80% power), the share of seeds it beat the reference (ties half); the same for the area under accuracy "
+        "against compute share (the mean accuracy over the budget; its own Holm family); and the seeds that "
+        f"reached the same seed's {ref} final accuracy and stayed there, with how many did by the share in "
+        "brackets, and the median compute share they needed. A difference is 'not shown' unless its interval "
+        "excludes zero and its Holm p is below 0.05 (docs/compare.md, \"Statistics\"); with n seeds the "
+        "sign-flip p is at least 2/2^n.",
+        ["variant", "acc at budget", f"vs {ref}", "paired 95% CI", "p", "Holm p", "leave one out", "MDD",
+         "P(better)", "AUC vs ref", "AUC 95% CI", "AUC p", "AUC Holm p", "reached and held",
+         "median compute to target"], rows)
     per_seed = _section(
         f"At {ref}'s compute, seed by seed",
         f"Compute shares are of the same seed's {ref} run; 'spent' is where the run stopped (the step boundary "

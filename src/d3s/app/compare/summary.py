@@ -2,7 +2,8 @@
 
 - Final held-out accuracy per variant (the paper's Table 2 at this scale): mean over seeds with a 95%
   t-interval over seeds and the 95% Wilson interval of the pooled held-out answers (`d3s.app.intervals`);
-  the difference to the reference variant (`grpo` if present) with a paired 95% t-interval over seeds.
+  the difference to the reference variant (`grpo` if present) with a paired 95% t-interval over seeds, the
+  exact sign-flip p-value (raw and Holm-corrected over the non-reference arms) and the leave-one-out range.
 - Cost to reach the reference's final accuracy (Table 3): training wall-clock, tokens in the loss and
   training-forward positions computed, at the first held-out evaluation at or above it, per seed; seed by
   seed, that wall-clock and those positions as a share of the same seed's whole reference run, with whether
@@ -18,7 +19,7 @@ import statistics
 from pathlib import Path
 
 from d3s.app.compare.budget import budget_summary
-from d3s.app.compare.stats import minimum_detectable_difference
+from d3s.app.compare.stats import minimum_detectable_difference, paired_tests
 from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.machine import one_machine, same_machine
 from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_share, read_run_config,
@@ -160,6 +161,11 @@ def summarize(root: Path, variants: list[str], seeds: list[int], reference: str 
     ref_final = {r["seed"]: r["summary"]["after"]["accuracy"] for r in runs[reference]}
     target = statistics.mean(ref_final.values())
     table = {v: _variant_row(items, ref_final, target) for v, items in runs.items()}
+    tests = paired_tests({v: [r["summary"]["after"]["accuracy"] - ref_final[r["seed"]] for r in items]
+                          for v, items in runs.items() if v != reference})  # Holm over the non-reference arms
+    for v, row in table.items():
+        for test in ("p_value", "p_value_holm", "leave_one_out"):
+            row[f"diff_to_reference_{test}"] = tests[v][test] if v in tests else None
     ref = table[reference]
     for row in table.values():
         # wall-clock ratios only between runs of one machine; positions computed do not depend on it
