@@ -31,7 +31,7 @@ from pathlib import Path
 
 from d3s.app.compare.stats import paired_tests, shown, sign_flip_p_value
 from d3s.app.compare.summary import _reach, _run_machine, run_dir
-from d3s.app.machine import machine_label, same_machine
+from d3s.app.machine import all_quiet, machine_label, quiet, same_machine
 from d3s.app.intervals import mean_interval
 from d3s.app.runfiles import read_run_records
 
@@ -157,12 +157,14 @@ def curve_ahead(root: Path, folder: str, variant: str, seeds: list[int]) -> tupl
     return sum(mine[k] > grpo[k] + 1e-12 for k in steps), len(steps)
 
 
-def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tuple[list[float], int, int]:
+def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tuple[list[float], int, int, int, int]:
     """Training wall-clock to the same seed's GRPO final accuracy as a share of that GRPO run's whole training
-    wall-clock, for pairs timed on one recorded machine; and the numbers of reaching pairs left out because they
-    were timed on different machines and because a run did not record its machine."""
+    wall-clock, for pairs timed on one recorded machine with neither run loaded (`d3s.app.machine.quiet`); the
+    numbers of reaching pairs left out because they were timed on different machines, because a run did not record
+    its machine, and because a run ran loaded; and how many of the shares kept are between runs that recorded no
+    load (unverified)."""
     base = root / RESULTS / folder
-    shares, different, unrecorded = [], 0, 0
+    shares, different, unrecorded, loaded, unverified = [], 0, 0, 0, 0
     for s in seeds:
         grpo_evals = _evals(root, folder, "grpo", s)
         hit = _reach(_evals(root, folder, variant, s), grpo_evals[-1]["accuracy"])
@@ -173,19 +175,50 @@ def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tupl
             different += same is False
             unrecorded += same is None
             continue
-        grpo_wall = json.loads((run_dir(base, "grpo", s) / "summary.json").read_text())["train_wall_s"]
-        shares.append(hit["wall_s"] / grpo_wall)
-    return shares, different, unrecorded
+        summaries = [json.loads((run_dir(base, v, s) / "summary.json").read_text()) for v in (variant, "grpo")]
+        calm = all_quiet([quiet(x.get("load")) for x in summaries])
+        if calm is False:
+            loaded += 1
+            continue
+        unverified += calm is None
+        shares.append(hit["wall_s"] / summaries[1]["train_wall_s"])
+    return shares, different, unrecorded, loaded, unverified
+
+
+def unverified_text(unverified: int, of: int) -> str:
+    """What a wall-clock figure says of the pairs in it whose runs recorded no load average."""
+    if unverified == of:
+        return ("unverified: these runs recorded no load average, made before d3s recorded it, so nothing shows "
+                "whether other work shared the machine")
+    return f"{unverified} of these {of} pairs unverified: a run of each recorded no load average"
+
+
+def load_note(c: dict) -> str:
+    """The sentence under a table with wall-clock ratios about the runs' load records (compare.json's `quiet`)."""
+    runs = [p for r in c["variants"].values() for p in r["per_seed"]]
+    loaded = sum(p.get("quiet") is False for p in runs)
+    missing = sum(p.get("quiet") is None for p in runs)
+    said = []
+    if loaded:
+        said.append(f"{loaded} of {len(runs)} runs ran on a loaded machine; pairs with them are left out.")
+    if missing == len(runs):
+        said.append("No run here recorded its load average (they were made before d3s recorded it), so these "
+                    "wall-clock ratios are unverified: nothing shows whether other work shared the machine.")
+    elif missing:
+        said.append(f"{missing} of {len(runs)} runs recorded no load average: ratios with them are unverified.")
+    return " ".join(said)
 
 
 def same_machine_ratio(c: dict, variant: str, value, reference: str = "grpo") -> tuple[float | None, int]:
     """Mean over seeds of `value(run)` for the variant over the same for the same seed's reference run, counting only
-    pairs timed on one recorded machine; and how many pairs that leaves out."""
+    pairs timed on one recorded machine of which neither ran loaded (`d3s.app.machine.quiet`; a run with no load
+    record counts, unverified: `load_note`); and how many pairs that leaves out."""
     ref = {r["seed"]: r for r in c["variants"][reference]["per_seed"]}
     ratios, left_out = [], 0
     for r in c["variants"][variant]["per_seed"]:
         g = ref.get(r["seed"])
-        if g and same_machine(r.get("machine"), g.get("machine")) is True:
+        if (g and same_machine(r.get("machine"), g.get("machine")) is True
+                and all_quiet([r.get("quiet"), g.get("quiet")]) is not False):
             ratios.append(value(r) / value(g))
         else:
             left_out += 1
@@ -222,9 +255,10 @@ def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
                      f"{ahead} of {total} evaluations |")
     lines.append("")
     lines.append(f"Source: {_link(folder, prefix)} (`compare.json`; the last two columns from the runs' "
-                 f"`metrics.jsonl`). {shown_rule(len(seeds))} All variants ran the same number of steps. Step time: the mean over seeds of a run's "
-                 "seconds per step over the same seed's GRPO run's, only for pairs timed on one recorded machine "
-                 "(the seeds counted are named where some pairs are not).")
+                 f"`metrics.jsonl`). {shown_rule(len(seeds))} All variants ran the same number of steps. Step time: "
+                 "the mean over seeds of a run's seconds per step over the same seed's GRPO run's, only for pairs "
+                 "timed on one recorded machine, neither run loaded (the seeds counted are named where some pairs "
+                 f"are not). {load_note(c)}".rstrip())
     return "\n".join(lines)
 
 
@@ -261,12 +295,13 @@ def floor_vs_paper(root: Path, prefix: str = "") -> str:
 
 def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
     parts = []
-    different = unrecorded = 0
+    different = unrecorded = loaded = unverified = kept = 0
     for folder, task in (("campaign5-default", "the default task"), ("campaign5-arith2digit", "arith-2digit")):
         c = _compare(root, folder)
         for v in ("d3s", FLOOR):
-            shares, diff, unrec = wall_shares(root, folder, v, c["seeds"])
-            different, unrecorded = different + diff, unrecorded + unrec
+            shares, diff, unrec, load, unver = wall_shares(root, folder, v, c["seeds"])
+            different, unrecorded, loaded = different + diff, unrecorded + unrec, loaded + load
+            unverified, kept = unverified + unver, kept + len(shares)
             spread = ("no same-machine pair" if not shares else f"{shares[0]:.2f} (1 run)" if len(shares) == 1
                       else f"{min(shares):.2f}-{max(shares):.2f} ({len(shares)} runs)")
             parts.append(f"{LABELS[v]} on {task}: {spread}")
@@ -277,8 +312,10 @@ def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
     bounds = " and ".join(f"{x:.2f}" for x in shares_of_step) + " (default task and arith-2digit)"
     return ("Where a D3S run reached the same seed's GRPO final accuracy, the training wall-clock it took, as a "
             "share of that GRPO run's whole training wall-clock, counting only pairs timed on one recorded "
-            f"machine ({different} reaching pairs timed on different machines and {unrecorded} whose machine was not "
-            "recorded are left out): " + "; ".join(parts)
+            f"machine ({different} reaching pairs timed on different machines"
+            + (f", {loaded} with a run on a loaded machine" if loaded else "")
+            + f" and {unrecorded} whose machine was not recorded are left out): " + "; ".join(parts)
+            + (f" ({unverified_text(unverified, kept)})" if unverified else "")
             + ". That lead comes from cheaper steps (the step-time column above): at equal steps a D3S run also "
             "stops sooner, having spent less compute (the race above gives it GRPO's). Generation, which every variant does in full, "
             f"takes {bounds} of GRPO's step, so no variant's step can cost less than that here. Sources: {_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
@@ -434,7 +471,7 @@ def race_table(root: Path, folder: str, prefix: str = "") -> str:
                  "reached the same seed's GRPO final and stayed at or above it to the end, at an evaluation: the run "
                  "crossed between that evaluation and the one before, so a share is an upper bound; \"can't tell\": "
                  f"the two evaluations lie on either side of {TARGET_SHARE}. Wall-clock ratios only between runs timed "
-                 "on one recorded machine.")
+                 f"on one recorded machine, neither run loaded (docs/compare.md). {load_note(c)}".rstrip())
     return "\n".join(lines)
 
 

@@ -171,6 +171,21 @@ def test_the_step_time_ratio_pairs_seeds_timed_on_one_machine():
                       "d1s-c": runs([10, 10, 10], [other, other, MACHINE])}}
     assert figures.step_ratio(c, "d3s") == (0.375, 1)  # (20/40 + 10/40) / 2; seed 3 timed on two machines
     assert figures.step_ratio(c, "d1s-c") == (None, 3)  # no seed's pair on one machine: not compared
+    assert figures.load_note(c).startswith("No run here recorded its load average")  # unverified, said once
+
+
+def test_a_pair_with_a_loaded_run_is_left_out_of_the_wall_clock_ratios():
+    def runs(seconds, loads):
+        return {"per_seed": [{"seed": s, "step_seconds": {"step": x}, "machine": MACHINE, "quiet": q}
+                             for s, x, q in zip([1, 2, 3], seconds, loads)]}
+    c = {"variants": {"grpo": runs([40, 40, 40], [True, True, None]), "d3s": runs([20, 10, 30], [True, False, True])}}
+    # seed 2's d3s ran loaded: left out; seed 3's grpo recorded no load: kept, unverified
+    assert figures.step_ratio(c, "d3s") == ((20 / 40 + 30 / 40) / 2, 1)
+    assert figures.load_note(c) == ("1 of 6 runs ran on a loaded machine; pairs with them are left out. 1 of 6 runs "
+                                    "recorded no load average: ratios with them are unverified.")
+    c["variants"]["d3s"]["per_seed"][1]["quiet"] = True
+    c["variants"]["grpo"]["per_seed"][2]["quiet"] = True
+    assert figures.step_ratio(c, "d3s") == ((20 / 40 + 10 / 40 + 30 / 40) / 3, 0) and figures.load_note(c) == ""
 
 
 def test_the_d3s_settings_are_paired_against_the_recipes_d3s_seed_by_seed(tmp_path):

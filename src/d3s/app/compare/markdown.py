@@ -1,11 +1,15 @@
 """`compare.md`: the summary of `d3s compare` (`d3s.app.compare.summary`) as markdown tables, one section
 per question: final accuracy, cost to reach the reference's accuracy (over seeds, then seed by seed), where a
-step's time goes, what generation bought, the runs and the machines they were timed on."""
+step's time goes, what generation bought, the runs and the machines they were timed on.
+
+A wall-clock ratio is given only between runs timed on one machine of which none is known to have run on a
+loaded machine (`d3s.app.machine.quiet`); where one did, the table says which and with what load. A ratio
+between runs that recorded no load is given, marked unverified."""
 
 from __future__ import annotations
 
 from d3s.app.compare.stats import shown
-from d3s.app.machine import machine_label, one_machine, wall_not_compared
+from d3s.app.machine import LOAD_MARGIN, machine_label, one_machine, wall_not_compared
 
 
 def _pct(x: float | None) -> str:
@@ -72,17 +76,46 @@ def _accuracy(summary: dict) -> list[str]:
          "paired 95% CI", "p (Holm)", "MDD (points)", "steps with no signal"], rows)
 
 
-def _speedup_wall(row: dict) -> str:
-    if row["speedup_wall"] is None and row.get("one_machine_with_reference") is not True:
+UNVERIFIED = " (unverified: no load record)"
+
+
+def _load(p: dict) -> float | None:
+    """The higher of a run's two 1-minute load averages (start, end); None when it recorded none."""
+    loads = [x for x in (p.get("load_start"), p.get("load_end")) if x is not None]
+    return max(loads) if loads else None
+
+
+def _withheld(runs: list[tuple[str, dict]]) -> str:
+    """What a table says in place of a wall-clock ratio with runs (`(variant, per-seed row)`) that ran loaded."""
+    loaded = [f"seed {p['seed']}'s {v} ran with load {_load(p):.1f}"
+              + (f" on {p['machine']['cpu_count']} CPUs" if (p.get("machine") or {}).get("cpu_count") else "")
+              for v, p in runs if p.get("quiet") is False]
+    return "wall-clock withheld: " + ", ".join(loaded)
+
+
+def _wall_ratio(summary: dict, v: str, text: str, say_why: bool = False) -> str:
+    """`text` (a wall-clock ratio of variant `v` to the reference over all their runs), or why it is not given; a
+    `text` of "-" (nothing to compare) stays, unless `say_why` (the summary left it out for a reason)."""
+    row, ref = summary["variants"][v], summary["reference"]
+    if text == "-" and not say_why:
+        return text
+    if row.get("one_machine_with_reference") is not True:
         return wall_not_compared(row.get("one_machine_with_reference"))
-    return _times(row["speedup_wall"])
+    if row.get("quiet_with_reference") is False:
+        runs = [(name, p) for name in dict.fromkeys((v, ref)) for p in summary["variants"][name]["per_seed"]]
+        return _withheld(runs)
+    return text + (UNVERIFIED if row.get("quiet_with_reference") is None and text != "-" else "")
+
+
+def _speedup_wall(summary: dict, v: str) -> str:
+    return _wall_ratio(summary, v, _times(summary["variants"][v]["speedup_wall"]), say_why=True)
 
 
 def _cost(summary: dict) -> list[str]:
     rows = [[v, f"{row['seeds_reaching_target']}/{len(summary['seeds'])}",
              _minutes(row["wall_s_to_target_mean"]) + _span(row["wall_s_to_target_spread"], _minutes),
              _tokens(row["computed_to_target_mean"]) + _span(row["computed_to_target_spread"], _tokens),
-             _tokens(row["tokens_to_target_mean"]), _speedup_wall(row), _times(row["speedup_computed"]),
+             _tokens(row["tokens_to_target_mean"]), _speedup_wall(summary, v), _times(row["speedup_computed"]),
              _minutes(row["train_wall_s_mean"]), _tokens(row["computed_tokens_mean"])]
             for v, row in summary["variants"].items()]
     return _section(
@@ -90,7 +123,8 @@ def _cost(summary: dict) -> list[str]:
         "At the first held-out evaluation after training began at or above the target; mean (range) over the "
         "seeds that reached it. Wall-clock counts training (generation included), not evaluation. Positions "
         "computed: what the training forward computes (the cost); tokens in the loss: what it trains on. Speedup "
-        "(wall) only where every run of the variant and of the reference was timed on one machine.",
+        "(wall) only where every run of the variant and of the reference was timed on one machine and none ran "
+        f"loaded (1-minute load average above its CPUs + {LOAD_MARGIN} at start or end; docs/compare.md).",
         ["variant", "reached", "wall-clock to target", "positions computed to target", "tokens in loss to target",
          "speedup (wall)", "speedup (computed)", "whole run: wall-clock", "whole run: positions computed"], rows)
 
@@ -115,18 +149,24 @@ def _cost_per_seed(summary: dict) -> list[str]:
                 rows.append([v, str(p["seed"]), f"not reached ({_pct(p['final_accuracy'])} at the end)", "-", "-", "-",
                              "-", "-"])
                 continue
-            rows.append([v, str(p["seed"]), str(hit["step"]), _minutes(hit["wall_s"]),
-                         f"{_share(vs['wall_share'])} of {_minutes(ref_runs[p['seed']]['train_wall_s'])}"
-                         if vs["same_machine"] else wall_not_compared(vs["same_machine"]),
+            if not vs["same_machine"]:
+                wall = wall_not_compared(vs["same_machine"])
+            elif vs.get("quiet") is False:
+                wall = _withheld([(v, p), (ref, ref_runs[p["seed"]])])
+            else:
+                wall = (f"{_share(vs['wall_share'])} of {_minutes(ref_runs[p['seed']]['train_wall_s'])}"
+                        + (UNVERIFIED if vs.get("quiet") is None else ""))
+            rows.append([v, str(p["seed"]), str(hit["step"]), _minutes(hit["wall_s"]), wall,
                          _share(vs["computed_share"]), _share(vs.get("flops_share")), _TIMED_ON[vs["same_machine"]]])
     if not rows:
         return []
     return _section(
         f"Cost to reach {ref}'s final accuracy, seed by seed",
         f"Each run's training wall-clock and positions computed to the target, as a share of the same seed's whole "
-        f"{ref} run (FLOPs: estimated model FLOPs, generation included; docs/compare.md). A wall-clock share compares two timings: it is given only when both runs were timed on one "
-        "machine (as recorded with each run: CPU vendor, model, family, stepping, flags, logical CPUs); positions "
-        "computed do not depend on the machine.",
+        f"{ref} run (FLOPs: estimated model FLOPs, generation included; docs/compare.md). A wall-clock share "
+        "compares two timings: it is given only when both runs were timed on one machine (as recorded with each run: "
+        "CPU vendor, model, family, stepping, flags, logical CPUs) and neither ran loaded (its load average at start "
+        "or end above its CPUs + 0.5); positions computed do not depend on the machine.",
         ["variant", "seed", "step reached", "wall-clock to target", f"share of {ref}'s training wall-clock",
          f"share of {ref}'s positions computed", f"share of {ref}'s FLOPs", "timed on"], rows)
 
@@ -139,16 +179,15 @@ def _step_time(summary: dict) -> list[str]:
     rows = []
     for v, row in summary["variants"].items():
         d = row["step_seconds_mean"]
-        ratio = "-" if not d or not ref_step or d.get("step") is None else f"{d['step'] / ref_step:.2f}"
-        if ratio != "-" and row.get("one_machine_with_reference") is not True:
-            ratio = wall_not_compared(row.get("one_machine_with_reference"))
+        ratio = _wall_ratio(summary, v, "-" if not d or not ref_step or d.get("step") is None
+                            else f"{d['step'] / ref_step:.2f}")
         rows.append([v, _seconds(d, "step"), *(_seconds(d, p) for p in parts), ratio])
     return _section(
         "Where a training step's time goes",
         "Seconds per step, mean over steps and seeds: TRL's `step_time` (generation included, the optimizer update "
         "not) and, where the runs timed them, its parts (`d3s/time/*`: generation with reward scoring; selection "
         "with the kept rows' passes; the KL metric; the loss forward; the backward pass and the rest). The ratio to "
-        f"{ref} only where every run of both was timed on one machine.",
+        f"{ref} only where every run of both was timed on one machine and none ran loaded.",
         ["variant", "step", *(p.replace("_", " ") for p in parts), f"step vs {ref}"], rows)
 
 
@@ -173,21 +212,29 @@ def _generation(summary: dict) -> list[str]:
          "steps with no signal"], rows)
 
 
+def _load_text(p: dict) -> str:
+    if p.get("load_start") is None or p.get("load_end") is None:
+        return "not recorded"
+    return f"{p['load_start']:.1f} / {p['load_end']:.1f}" + (" (loaded)" if p.get("quiet") is False else "")
+
+
 def _runs(summary: dict) -> list[str]:
     rows = [[f"{v} seed {p['seed']}", _pct(p["final_accuracy"]), _minutes(p["train_wall_s"]),
              _minutes(p["command_wall_s"]), _pct(p["no_signal_steps"]), f"`{p['code_version']}`",
-             machine_label(p.get("machine"))]
+             machine_label(p.get("machine")), _load_text(p)]
             for v, row in summary["variants"].items() for p in row["per_seed"]]
     return _section(
         "Runs",
         "Training wall-clock, and the whole `d3s train` command that finished the run (model loading and held-out "
-        "evaluations included; a resumed run: its last part).",
+        "evaluations included; a resumed run: its last part). Load: the machine's 1-minute load average when the "
+        f"command started and when it ended; 'loaded' above its CPUs + {LOAD_MARGIN} at either.",
         ["run", "final acc", "training wall-clock", "whole command", "steps with no signal", "code version",
-         "machine"], rows)
+         "machine", "load (start / end)"], rows)
 
 
 def _notes(summary: dict) -> list[str]:
-    """The base model's accuracy, the code versions, and runs whose recipe could not be checked."""
+    """The base model's accuracy, the code versions, the machines and their load, and runs whose recipe could not be
+    checked."""
     lines = []
     base = next((r["base_accuracy"] for r in summary["variants"].values() if r["base_accuracy"] is not None), None)
     if base is not None:
@@ -202,6 +249,17 @@ def _notes(summary: dict) -> list[str]:
         lines += ["", "**The runs were not all timed on one machine** (or not all recorded theirs in full; see the "
                       "runs' table): wall-clock ratios are given only between runs timed on one machine. Accuracies "
                       "and positions computed do not depend on it."]
+    runs = [(v, p) for v, row in summary["variants"].items() for p in row["per_seed"]]
+    loaded = [f"{v} seed {p['seed']} ({_load(p):.1f})" for v, p in runs if p.get("quiet") is False]
+    if loaded:
+        lines += ["", f"**Some runs ran on a loaded machine** (1-minute load average above its CPUs + {LOAD_MARGIN} "
+                      f"at start or end): {', '.join(loaded)}. Wall-clock ratios with them are withheld; accuracies "
+                      "and positions computed do not depend on it."]
+    unrecorded = [p for _, p in runs if p.get("quiet") is None]
+    if unrecorded:
+        lines += ["", f"{len(unrecorded)} of {len(runs)} runs recorded no load average (runs made before d3s "
+                      "recorded it, or on a platform without one): wall-clock ratios with them are given, marked "
+                      "unverified, since nothing shows whether other work shared the machine."]
     unchecked = [f"{v} seed {p['seed']}" for v, row in summary["variants"].items() for p in row["per_seed"]
                  if not p["recipe_checked"]]
     if unchecked:

@@ -7,7 +7,10 @@
 - Cost to reach the reference's final accuracy (Table 3): training wall-clock, tokens in the loss and
   training-forward positions computed, at the first held-out evaluation at or above it, per seed; seed by
   seed, that wall-clock and those positions as a share of the same seed's whole reference run, with whether
-  both runs were timed on one machine (`run_config.json`'s `machine`).
+  both runs were timed on one machine (`run_config.json`'s `machine`) and both were quiet (`summary.json`'s
+  `load`: nothing else loaded the machine at start or end; `d3s.app.machine.quiet`). A wall-clock ratio is given
+  only between runs of one machine of which none is known to have been loaded; runs that recorded no load
+  (made before runs did) still get theirs, marked unverified.
 - The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), what
   generation bought (prompts skipped, flat groups generated, generation seconds per group with signal), the
   seconds per step and its timed parts, the code version of every run.
@@ -21,7 +24,7 @@ from pathlib import Path
 from d3s.app.compare.budget import budget_summary
 from d3s.app.compare.stats import minimum_detectable_difference, paired_tests
 from d3s.app.intervals import mean_interval, wilson_interval
-from d3s.app.machine import one_machine, same_machine
+from d3s.app.machine import all_quiet, one_machine, quiet, same_machine
 from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_share, read_run_config,
                               read_run_records, step_seconds, with_computed_tokens)
 
@@ -69,7 +72,7 @@ def _load_run(root: Path, variant: str, seed: int) -> dict:
     records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
     return {"seed": seed, "summary": summary, "records": records,
             "version": _run_version(folder, summary), "recipe_checked": read_run_config(folder)[0] is not None,
-            "machine": _run_machine(folder)}
+            "machine": _run_machine(folder), "load": summary.get("load")}
 
 
 def _seed_row(run: dict, hit: dict | None) -> dict:
@@ -93,6 +96,9 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
         "code_version": run["version"],
         "recipe_checked": run["recipe_checked"],
         "machine": run["machine"],
+        "load_start": ((run["load"] or {}).get("start") or {}).get("load_1min"),
+        "load_end": ((run["load"] or {}).get("end") or {}).get("load_1min"),
+        "quiet": quiet(run["load"]),
     }
 
 
@@ -144,11 +150,13 @@ def _against_reference(run: dict, ref: dict) -> dict | None:
     if hit is None:
         return None
     one = same_machine(run["machine"], ref["machine"])
-    return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] and one else None,
+    calm = all_quiet([run["quiet"], ref["quiet"]])
+    return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] and one and calm is not False
+            else None,
             "computed_share": (hit["computed_tokens"] / ref["computed_tokens"]
                                if hit.get("computed_tokens") is not None and ref["computed_tokens"] else None),
             "flops_share": hit["flops"] / ref["flops"] if hit.get("flops") is not None and ref.get("flops") else None,
-            "same_machine": one}
+            "same_machine": one, "quiet": calm}
 
 
 def summarize(root: Path, variants: list[str], seeds: list[int], reference: str | None = None,
@@ -170,10 +178,13 @@ def summarize(root: Path, variants: list[str], seeds: list[int], reference: str 
     for row in table.values():
         # wall-clock ratios only between runs of one machine; positions computed do not depend on it
         row["one_machine_with_reference"] = one_machine([p["machine"] for p in row["per_seed"] + ref["per_seed"]])
+        # and only between runs none of which is known to have run on a loaded machine (None: not recorded)
+        row["quiet_with_reference"] = all_quiet([p["quiet"] for p in row["per_seed"] + ref["per_seed"]])
         for kind, key in (("wall", "wall_s_to_target_mean"), ("tokens", "tokens_to_target_mean"),
                           ("computed", "computed_to_target_mean")):
             mine, theirs = row[key], ref[key]
-            comparable = kind != "wall" or row["one_machine_with_reference"]
+            comparable = kind != "wall" or (row["one_machine_with_reference"]
+                                            and row["quiet_with_reference"] is not False)
             row[f"speedup_{kind}"] = theirs / mine if mine and theirs and comparable else None
     ref_runs = {p["seed"]: p for p in ref["per_seed"]}
     for v, row in table.items():
