@@ -143,7 +143,7 @@ def _sign_flip_by_loop(diffs) -> float:
     return hits / 2 ** n
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 11])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 11, 14])
 def test_sign_flip_p_value_against_a_plain_loop_and_scipy(n):
     rng = np.random.default_rng(n)
     for _ in range(5):
@@ -181,8 +181,9 @@ def test_sign_flip_p_value_edges():
     assert sign_flip_p_value([0.05]) == 1.0  # one seed: +d and -d are equally far from zero
     assert sign_flip_p_value([0.05, -0.05]) == 1.0  # mean 0: every assignment is as far from zero
     assert 0 < sign_flip_p_value([0.01] * 20) == 2 / 2 ** 20
-    with pytest.raises(ValueError, match="21 paired differences"):
-        sign_flip_p_value([0.01] * 21)
+    assert sign_flip_p_value([0.01] * 30) == 2 / 2 ** 30
+    with pytest.raises(ValueError, match="41 paired differences"):
+        sign_flip_p_value([0.01] * 41)
 
 
 def _holm_by_closed_testing(p_values):
