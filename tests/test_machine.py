@@ -99,6 +99,7 @@ def test_a_run_is_quiet_when_its_load_stays_within_its_cpus_and_a_margin():
     assert quiet({"start": _sample(5.3, cpus=8), "end": _sample(8.4, cpus=8)}) is True  # the margin is per machine
     # no record (a run made before runs recorded their load, or no load average on the platform): unknown
     assert quiet(None) is None and quiet({"start": None, "end": _sample(1.0)}) is None
+    assert quiet({"start": _sample(1.0, cpus=None), "end": _sample(1.0, cpus=None)}) is None  # CPUs unknown
     assert all_quiet([True, True]) is True and all_quiet([True, None]) is None and all_quiet([None, False]) is False
     assert all_quiet([]) is None
 

@@ -99,7 +99,7 @@ def quiet(load: dict | None) -> bool | None:
     the CPU count + `LOAD_MARGIN`, False when one was above, None when the run recorded no load (made before
     runs recorded it, or on a platform without one)."""
     samples = [(load or {}).get(k) for k in ("start", "end")]
-    if not all(samples):
+    if not all(samples) or any(s.get("cpu_count") is None for s in samples):
         return None
     return all(s["load_1min"] <= s["cpu_count"] + LOAD_MARGIN for s in samples)
 
