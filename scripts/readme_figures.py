@@ -15,8 +15,11 @@ are README.md and docs/*.md (docs/results.md holds the results).
     python scripts/readme_figures.py           # rewrite every block from the data
     python scripts/readme_figures.py --check   # exit 1, naming each block whose text differs from the data
 
-Intervals are the repository's own (`d3s.app.intervals.mean_interval`: 95% Student t over seeds, paired by
-seed); an interval that contains zero is reported as "not shown".
+Intervals and tests are the repository's own (`d3s.app.intervals.mean_interval`: 95% Student t over seeds, paired
+by seed; `d3s.app.compare.stats`: the exact sign-flip p-value, Holm-corrected over the arms of one table). A
+difference is "not shown" unless both agree (`d3s.app.compare.stats.shown`): its interval excludes zero and its
+corrected p-value is below 0.05. compare.json files written before the tests were stored get them computed here
+from their per-seed values, the same way (`arm_tests`).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from d3s.app.compare.stats import paired_tests, shown, sign_flip_p_value
 from d3s.app.compare.summary import _reach, _run_machine, run_dir
-from d3s.app.machine import machine_label, same_machine
+from d3s.app.machine import all_quiet, machine_label, quiet, same_machine
 from d3s.app.intervals import mean_interval
 from d3s.app.runfiles import read_run_records
 
@@ -55,6 +59,34 @@ def _evals(root: Path, folder: str, variant: str, seed: int) -> list[dict]:
     return [r for r in records if r.get("type") == "eval"]
 
 
+def arm_tests(c: dict, measure: str) -> dict[str, dict]:
+    """Each non-reference arm's `p_value` and `p_value_holm` (Holm over the non-reference arms of the table) for
+    `measure`: "final" (final accuracy), "budget" (accuracy at the budget) or "auc" (area under the budget curve).
+    Read from compare.json where it holds them; where it was written before they were stored, computed as
+    `d3s compare` computes them (`paired_tests`) from the per-seed values it holds."""
+    ref = c["reference"]
+    prefix, inner = {"final": ("diff_to_reference_", None), "budget": ("", "budget"), "auc": ("auc_", "budget")}[measure]
+    rows = {v: r[inner] if inner else r for v, r in c["variants"].items()}
+    arms = [v for v in rows if v != ref]
+    if all(prefix + "p_value_holm" in rows[v] for v in arms):
+        return {v: {"p_value": rows[v][prefix + "p_value"], "p_value_holm": rows[v][prefix + "p_value_holm"]}
+                for v in arms}
+    if measure == "final":
+        values = {v: dict(zip(c["seeds"], r["final_accuracy_per_seed"])) for v, r in rows.items()}
+    else:
+        key = "accuracy_at_budget" if measure == "budget" else "auc"
+        values = {v: {s: p[key] for s, p in r["per_seed"].items()} for v, r in rows.items()}
+    return paired_tests({v: [x - values[ref][s] for s, x in values[v].items()
+                             if x is not None and values[ref].get(s) is not None] for v in arms})
+
+
+def shown_rule(n: int) -> str:
+    """The sentence under a table that says when a paired difference is shown, with the floor of the exact test."""
+    return ("A paired difference is shown only where its 95% interval excludes zero and its exact sign-flip p-value, "
+            "Holm-corrected over the table's arms against GRPO (each measure apart), is below 0.05 (the corrected p is given where the "
+            f"interval excludes zero); with {n_seeds(n)} that p-value is at least {2 / 2 ** n:.2g} before correction.")
+
+
 def _link(folder: str, prefix: str = "") -> str:
     return f"[`{RESULTS}/{folder}/`]({prefix}{RESULTS}/{folder}/)"
 
@@ -69,18 +101,41 @@ def points(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
-def paired(diff: float, ci: list[float] | tuple[float, float] | None) -> str:
-    """'+2.2 points [-10.5, +14.9], not shown' (a 95% interval that contains zero shows nothing)."""
+def paired(diff: float, ci: list[float] | tuple[float, float] | None, p: float | None, corrected: bool = True) -> str:
+    """A paired difference with its 95% interval, and what it shows (`d3s.app.compare.stats.shown`, with `p` the
+    Holm-corrected sign-flip p-value; `corrected` False for a comparison alone in its family, `p` then the test's
+    own): '+2.2 points [-10.5, +14.9], not shown' (the interval contains zero); '+9.0 points [+1.6, +16.4], not
+    shown (corrected p = 0.19)' (the interval excludes zero, the test does not agree); '+10.6 points [+4.5,
+    +16.7], corrected p = 0.023' (shown)."""
     if ci is None:
         return f"{points(diff)} points (one seed, no interval)"
     lo, hi = ci
-    tail = ", not shown" if lo <= 0 <= hi else ""
-    return f"{points(diff)} points [{points(lo)}, {points(hi)}]{tail}"
+    text = f"{points(diff)} points [{points(lo)}, {points(hi)}]"
+    if lo <= 0 <= hi:
+        return text + ", not shown"
+    said = f"{'corrected ' if corrected else ''}p = {p:.2g}" if p is not None else "no test"
+    return text + (f", {said}" if shown(ci, p) else f", not shown ({said})")
 
 
 def paired_between(a: list[float], b: list[float]) -> str:
+    """A comparison alone in its family, paired by position: its sign-flip p-value is not corrected."""
     diffs = [x - y for x, y in zip(a, b)]
-    return paired(statistics.mean(diffs), mean_interval(diffs))
+    return paired(statistics.mean(diffs), mean_interval(diffs), sign_flip_p_value(diffs), corrected=False)
+
+
+def paired_family(pairs: dict[str, tuple[list[float], list[float]]]) -> dict[str, str]:
+    """`paired` for each comparison of a family (each name's two lists paired by position), the sign-flip
+    p-values Holm-corrected over the family."""
+    diffs = {name: [x - y for x, y in zip(a, b)] for name, (a, b) in pairs.items()}
+    tests = paired_tests(diffs)
+    return {name: paired(statistics.mean(d), mean_interval(d), tests[name]["p_value_holm"], corrected=len(diffs) > 1)
+            for name, d in diffs.items()}
+
+
+def to_reference(c: dict, v: str) -> str:
+    """A variant's final accuracy against the reference of its compare.json (`paired`, Holm over its arms)."""
+    r = c["variants"][v]
+    return paired(r["diff_to_reference_mean"], r["diff_to_reference_ci95"], arm_tests(c, "final")[v]["p_value_holm"])
 
 
 # --- figures ------------------------------------------------------------------------------------------------
@@ -105,12 +160,14 @@ def curve_ahead(root: Path, folder: str, variant: str, seeds: list[int]) -> tupl
     return sum(mine[k] > grpo[k] + 1e-12 for k in steps), len(steps)
 
 
-def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tuple[list[float], int, int]:
+def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tuple[list[float], int, int, int, int]:
     """Training wall-clock to the same seed's GRPO final accuracy as a share of that GRPO run's whole training
-    wall-clock, for pairs timed on one recorded machine; and the numbers of reaching pairs left out because they
-    were timed on different machines and because a run did not record its machine."""
+    wall-clock, for pairs timed on one recorded machine with neither run loaded (`d3s.app.machine.quiet`); the
+    numbers of reaching pairs left out because they were timed on different machines, because a run did not record
+    its machine, and because a run ran loaded; and how many of the shares kept are between runs that recorded no
+    load (unverified)."""
     base = root / RESULTS / folder
-    shares, different, unrecorded = [], 0, 0
+    shares, different, unrecorded, loaded, unverified = [], 0, 0, 0, 0
     for s in seeds:
         grpo_evals = _evals(root, folder, "grpo", s)
         hit = _reach(_evals(root, folder, variant, s), grpo_evals[-1]["accuracy"])
@@ -121,19 +178,50 @@ def wall_shares(root: Path, folder: str, variant: str, seeds: list[int]) -> tupl
             different += same is False
             unrecorded += same is None
             continue
-        grpo_wall = json.loads((run_dir(base, "grpo", s) / "summary.json").read_text())["train_wall_s"]
-        shares.append(hit["wall_s"] / grpo_wall)
-    return shares, different, unrecorded
+        summaries = [json.loads((run_dir(base, v, s) / "summary.json").read_text()) for v in (variant, "grpo")]
+        calm = all_quiet([quiet(x.get("load")) for x in summaries])
+        if calm is False:
+            loaded += 1
+            continue
+        unverified += calm is None
+        shares.append(hit["wall_s"] / summaries[1]["train_wall_s"])
+    return shares, different, unrecorded, loaded, unverified
+
+
+def unverified_text(unverified: int, of: int) -> str:
+    """What a wall-clock figure says of the pairs in it whose runs recorded no load average."""
+    if unverified == of:
+        return ("unverified: these runs recorded no load average, made before d3s recorded it, so nothing shows "
+                "whether other work shared the machine")
+    return f"{unverified} of these {of} pairs unverified: a run of each recorded no load average"
+
+
+def load_note(c: dict) -> str:
+    """The sentence under a table with wall-clock ratios about the runs' load records (compare.json's `quiet`)."""
+    runs = [p for r in c["variants"].values() for p in r["per_seed"]]
+    loaded = sum(p.get("quiet") is False for p in runs)
+    missing = sum(p.get("quiet") is None for p in runs)
+    said = []
+    if loaded:
+        said.append(f"{loaded} of {len(runs)} runs ran on a loaded machine; pairs with them are left out.")
+    if missing == len(runs):
+        said.append("No run here recorded its load average (they were made before d3s recorded it), so these "
+                    "wall-clock ratios are unverified: nothing shows whether other work shared the machine.")
+    elif missing:
+        said.append(f"{missing} of {len(runs)} runs recorded no load average: ratios with them are unverified.")
+    return " ".join(said)
 
 
 def same_machine_ratio(c: dict, variant: str, value, reference: str = "grpo") -> tuple[float | None, int]:
     """Mean over seeds of `value(run)` for the variant over the same for the same seed's reference run, counting only
-    pairs timed on one recorded machine; and how many pairs that leaves out."""
+    pairs timed on one recorded machine of which neither ran loaded (`d3s.app.machine.quiet`; a run with no load
+    record counts, unverified: `load_note`); and how many pairs that leaves out."""
     ref = {r["seed"]: r for r in c["variants"][reference]["per_seed"]}
     ratios, left_out = [], 0
     for r in c["variants"][variant]["per_seed"]:
         g = ref.get(r["seed"])
-        if g and same_machine(r.get("machine"), g.get("machine")) is True:
+        if (g and same_machine(r.get("machine"), g.get("machine")) is True
+                and all_quiet([r.get("quiet"), g.get("quiet")]) is not False):
             ratios.append(value(r) / value(g))
         else:
             left_out += 1
@@ -165,12 +253,15 @@ def campaign_table(root: Path, folder: str, prefix: str = "") -> str:
         step = ("not compared" if ratio is None else f"{ratio:.2f}" + (f" ({len(seeds) - left_out} of {len(seeds)} "
                 "seeds)" if left_out else ""))
         lines.append(f"| {LABELS.get(v, v)} | {pct(r['final_accuracy_mean'])} [{100 * lo:.1f}, {100 * hi:.1f}] | "
-                     f"{paired(r['diff_to_reference_mean'], r['diff_to_reference_ci95'])} | {work:.2f} | {step} | "
+                     f"{to_reference(c, v)} | {work:.2f} | {step} | "
                      f"{same_seed_reach(root, folder, v, seeds)} of {len(seeds)} seeds | "
                      f"{ahead} of {total} evaluations |")
     lines.append("")
     lines.append(f"Source: {_link(folder, prefix)} (`compare.json`; the last two columns from the runs' "
-                 "`metrics.jsonl`).")
+                 f"`metrics.jsonl`). {shown_rule(len(seeds))} All variants ran the same number of steps. Step time: "
+                 "the mean over seeds of a run's seconds per step over the same seed's GRPO run's, only for pairs "
+                 "timed on one recorded machine, neither run loaded (the seeds counted are named where some pairs "
+                 f"are not). {load_note(c)}".rstrip())
     return "\n".join(lines)
 
 
@@ -189,12 +280,13 @@ def floor_vs_paper(root: Path, prefix: str = "") -> str:
 
 def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
     parts = []
-    different = unrecorded = 0
+    different = unrecorded = loaded = unverified = kept = 0
     for folder, task in (("campaign5-default", "the default task"), ("campaign5-arith2digit", "arith-2digit")):
         c = _compare(root, folder)
         for v in ("d3s", FLOOR):
-            shares, diff, unrec = wall_shares(root, folder, v, c["seeds"])
-            different, unrecorded = different + diff, unrecorded + unrec
+            shares, diff, unrec, load, unver = wall_shares(root, folder, v, c["seeds"])
+            different, unrecorded, loaded = different + diff, unrecorded + unrec, loaded + load
+            unverified, kept = unverified + unver, kept + len(shares)
             spread = ("no same-machine pair" if not shares else f"{shares[0]:.2f} (1 run)" if len(shares) == 1
                       else f"{min(shares):.2f}-{max(shares):.2f} ({len(shares)} runs)")
             parts.append(f"{LABELS[v]} on {task}: {spread}")
@@ -205,8 +297,10 @@ def wall_clock_to_grpo(root: Path, prefix: str = "") -> str:
     bounds = " and ".join(f"{x:.2f}" for x in shares_of_step) + " (default task and arith-2digit)"
     return ("Where a D3S run reached the same seed's GRPO final accuracy, the training wall-clock it took, as a "
             "share of that GRPO run's whole training wall-clock, counting only pairs timed on one recorded "
-            f"machine ({different} reaching pairs timed on different machines and {unrecorded} whose machine was not "
-            "recorded are left out): " + "; ".join(parts)
+            f"machine ({different} reaching pairs timed on different machines"
+            + (f", {loaded} with a run on a loaded machine" if loaded else "")
+            + f" and {unrecorded} whose machine was not recorded are left out): " + "; ".join(parts)
+            + (f" ({unverified_text(unverified, kept)})" if unverified else "")
             + ". That lead comes from cheaper steps (the step-time column above): at equal steps a D3S run also "
             "stops sooner, having spent less compute (the race above gives it GRPO's). Generation, which every variant does in full, "
             f"takes {bounds} of GRPO's step, so no variant's step can cost less than that here. Sources: {_link('campaign5-default', prefix)}, {_link('campaign5-arith2digit', prefix)}.")
@@ -223,12 +317,11 @@ def seed_spread(root: Path, prefix: str = "") -> str:
 def three_seed_history(root: Path, prefix: str = "") -> str:
     a3, a5 = _compare(root, "campaign-arith2digit"), _compare(root, "campaign5-arith2digit")
     d3, d5 = _compare(root, "campaign-default"), _compare(root, "campaign5-default")
-    r3, r5, q3, q5 = a3["variants"]["d3s"], a5["variants"]["d3s"], d3["variants"]["d3s"], d5["variants"]["d3s"]
     return (f"The paper's D3S against GRPO, paired, in the first 3-seed campaigns and in the 5-seed ones (the "
-            f"3-seed runs used a cosine-decay recipe): default task {paired(q3['diff_to_reference_mean'], q3['diff_to_reference_ci95'])} "
-            f"({_link('campaign-default', prefix)}), then {paired(q5['diff_to_reference_mean'], q5['diff_to_reference_ci95'])}; "
-            f"arith-2digit {paired(r3['diff_to_reference_mean'], r3['diff_to_reference_ci95'])} "
-            f"({_link('campaign-arith2digit', prefix)}), then {paired(r5['diff_to_reference_mean'], r5['diff_to_reference_ci95'])}. "
+            f"3-seed runs used a cosine-decay recipe): default task {to_reference(d3, 'd3s')} "
+            f"({_link('campaign-default', prefix)}), then {to_reference(d5, 'd3s')}; "
+            f"arith-2digit {to_reference(a3, 'd3s')} "
+            f"({_link('campaign-arith2digit', prefix)}), then {to_reference(a5, 'd3s')}. "
             "Three seeds turned the sign on arith-2digit; five did not confirm it.")
 
 
@@ -240,7 +333,7 @@ def keep_last(root: Path, prefix: str = "") -> str:
         out.append(f"on {task} ({_link(folder, prefix)}) {pct(k['final_accuracy_mean'])} against "
                    f"{pct(p['final_accuracy_mean'])} without it "
                    f"({paired_between(k['final_accuracy_per_seed'], p['final_accuracy_per_seed'])}; against GRPO "
-                   f"{paired(k['diff_to_reference_mean'], k['diff_to_reference_ci95'])}), GRPO's "
+                   f"{to_reference(c, 'd3s+keep_last_in_loss')}), GRPO's "
                    f"final reached by the same seed in {same_seed_reach(root, folder, 'd3s+keep_last_in_loss', c['seeds'])} "
                    f"of {len(c['seeds'])} seeds")
     return "`--keep_last_in_loss true` on the paper's D3S, 5 seeds: " + "; ".join(out) + "."
@@ -307,10 +400,14 @@ def _interval(values_ci: list[float] | None) -> str:
     return "-" if values_ci is None else f"[{100 * values_ci[0]:.1f}, {100 * values_ci[1]:.1f}]"
 
 
-def verdict(diff: float | None, ci: list[float] | None) -> str:
-    """'higher', 'lower' (the 95% interval excludes zero) or 'not shown' (it includes zero, or there is none)."""
+def verdict(diff: float | None, ci: list[float] | None, p_holm: float | None) -> str:
+    """'higher' or 'lower' where the difference is shown (`d3s.app.compare.stats.shown`: the 95% interval excludes
+    zero and the Holm-corrected sign-flip p-value is below 0.05), else 'not shown', with the corrected p where only
+    the test disagrees: 'not shown (corrected p = 0.094)'."""
     if diff is None or ci is None or ci[0] <= 0 <= ci[1]:
         return "not shown"
+    if not shown(ci, p_holm):
+        return "not shown" + (f" (corrected p = {p_holm:.2g})" if p_holm is not None else "")
     return "higher" if ci[0] > 0 else "lower"
 
 
@@ -348,6 +445,7 @@ def race_table(root: Path, folder: str, prefix: str = "") -> str:
     curve and the compute needed to reach and hold the same seed's GRPO final accuracy."""
     c = _compare(root, folder)
     seeds, ref = c["seeds"], c["reference"]
+    tests, auc_tests = arm_tests(c, "budget"), arm_tests(c, "auc")
     lines = [f"| variant | held-out acc at GRPO's compute, mean [95% CI over {n_seeds(len(seeds))}] | vs GRPO, paired "
              "[95% CI] | MDD | P(above GRPO) | area under acc-vs-compute, vs GRPO [95% CI] | reached and held the "
              f"same seed's GRPO final | of which by {TARGET_SHARE}x GRPO's compute | median compute to it (x GRPO) | "
@@ -364,15 +462,16 @@ def race_table(root: Path, folder: str, prefix: str = "") -> str:
             lines.append(head + "- | - | - | - | " + reach + " 1.00 |")
             continue
         mdd = b["diff_at_budget_mdd"]
-        auc = "-" if b["auc_diff_mean"] is None else paired(b["auc_diff_mean"], b["auc_diff_ci"])
+        auc = "-" if b["auc_diff_mean"] is None else paired(b["auc_diff_mean"], b["auc_diff_ci"],
+                                                              auc_tests[v]["p_value_holm"])
         wall, left_out = wall_ratio_at_budget(c, v)
         wall_text = "not compared" if wall is None else f"{wall:.2f}" + (f" ({left_out} pairs left out)" if left_out else "")
-        lines.append(head + f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])} | "
+        lines.append(head + f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'], tests[v]['p_value_holm'])} | "
                      f"{'-' if mdd is None else f'{100 * mdd:.1f} points'} | {100 * b['probability_of_improvement']:.0f}% | "
                      f"{auc} | " + reach + f" {wall_text} |")
     lines.append("")
     lines.append(f"{'Seeds' if len(seeds) > 1 else 'Seed'} {seed_list(seeds)}, paired. Source: {_link(folder, prefix)} "
-                 "(`compare.json`). The terms: [above](#terms).")
+                 f"(`compare.json`). The terms: [above](#terms). {shown_rule(len(seeds))} {load_note(c)}".rstrip())
     return "\n".join(lines)
 
 
@@ -381,24 +480,24 @@ def race_settings(root: Path, folder: str, prefix: str = "") -> str:
     arm spent the same seed's GRPO FLOPs): which D3S setting the evidence favours."""
     c = _compare(root, folder)
     base = c["variants"]["d3s"]["budget"]["per_seed"]
-    said = []
+    pairs: dict[str, dict] = {"accuracy_at_budget": {}, "auc": {}}  # measure -> arm -> (arm's, d3s's), by seed
     for v, r in c["variants"].items():
         if v in (c["reference"], "d3s"):
             continue
         mine = r["budget"]["per_seed"]
         seeds = sorted(set(mine) & set(base), key=int)
-        acc = paired_between([mine[s]["accuracy_at_budget"] for s in seeds],
-                             [base[s]["accuracy_at_budget"] for s in seeds])
-        auc = paired_between([mine[s]["auc"] for s in seeds], [base[s]["auc"] for s in seeds])
-        said.append(f"{race_label(folder, v)} {acc} at the budget, {auc} in area under the curve")
+        for key, family in pairs.items():
+            family[v] = ([mine[s][key] for s in seeds], [base[s][key] for s in seeds])
+    acc, auc = paired_family(pairs["accuracy_at_budget"]), paired_family(pairs["auc"])  # Holm over these arms
+    said = [f"{race_label(folder, v)} {acc[v]} at the budget, {auc[v]} in area under the curve" for v in acc]
     return (f"Against {race_label(folder, 'd3s')}, paired by seed at the same compute ({n_seeds(len(base))}, "
-            f"{_link(folder, prefix)}): " + "; ".join(said) + ".")
+            f"{_link(folder, prefix)}; Holm over the arms compared with it, per measure): " + "; ".join(said) + ".")
 
 
 def _race_item(folder: str, c: dict, v: str) -> str:
     r, b = c["variants"][v], c["variants"][v]["budget"]
     return (f"  - {race_label(folder, v)}: {pct(r['final_accuracy_mean'])}, "
-            f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}; reached and held the same seed's GRPO "
+            f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'], arm_tests(c, 'budget')[v]['p_value_holm'])}; reached and held the same seed's GRPO "
             f"final in {b['seeds_reaching_target']} of {n_seeds(len(c['seeds']))}, {_target_text(b)} by "
             f"{TARGET_SHARE}x its compute")
 
@@ -444,12 +543,13 @@ def race_verdict(root: Path, prefix: str = "") -> str:
             continue
         c = _compare(root, folder)
         n = len(c["seeds"])
-        said = []
+        said, tests = [], arm_tests(c, "budget")
         for v, r in c["variants"].items():
             if v == c["reference"]:
                 continue
             b = r["budget"]
-            said.append(f"{race_label(folder, v)}: {verdict(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}, "
+            said.append(f"{race_label(folder, v)}: "
+                        f"{verdict(b['diff_at_budget_mean'], b['diff_at_budget_ci'], tests[v]['p_value_holm'])}, "
                         f"{target_verdict(b, max(n, RACE_SEEDS[folder]))} the compute target ({_target_text(b)} of {n})")
         tasks.append(f"At GRPO's compute on {RACE_TASKS[folder]} ({seeds_so_far(folder, n)}, "
                      f"{_link(folder, prefix)}), accuracy against GRPO, paired: " + "; ".join(said) + ".")
@@ -470,14 +570,18 @@ def _d1s_and_floor(c: dict) -> tuple[list[float], list[float]]:
 def race_decision_variant(root: Path) -> str | None:
     """The rule decided before the arith-2digit race: the default recipe's variant becomes `d1s-c` if there, over
     all its seeds, D1S-C ends at or above D3S with the floor at GRPO's compute (paired mean) and is not shown below
-    GRPO; otherwise it stays `d3s` (with the floor). None while the campaign is under way."""
+    GRPO; otherwise it stays `d3s` (with the floor). None while the campaign is under way.
+
+    "Shown below" is read as the rule was fixed: the 95% interval of the paired difference lies below zero. The
+    corrected sign-flip test added since (`verdict`) could only make "shown below" rarer, never change a "not
+    shown below" that the interval gave."""
     c = _compare(root, DECIDED_ON)
     if len(c["seeds"]) < RACE_SEEDS[DECIDED_ON]:
         return None
     d1s, floor = _d1s_and_floor(c)
     above_floor = statistics.mean(d1s) >= statistics.mean(floor)  # the paired mean, over the same seeds
     b = c["variants"]["d1s-c"]["budget"]
-    below_grpo = verdict(b["diff_at_budget_mean"], b["diff_at_budget_ci"]) == "lower"
+    below_grpo = b["diff_at_budget_ci"] is not None and b["diff_at_budget_ci"][1] < 0
     return "d1s-c" if above_floor and not below_grpo else "d3s"
 
 
@@ -488,13 +592,13 @@ def race_decision(root: Path, prefix: str = "") -> str:
     b = c["variants"]["d1s-c"]["budget"]
     figures = (f"on arith-2digit ({seeds_so_far(DECIDED_ON, len(d1s))}, {_link(DECIDED_ON, prefix)}), at GRPO's "
                f"compute, D1S-C against D3S + floor {paired_between(d1s, floor)}, against GRPO "
-               f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'])}")
+               f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'], arm_tests(c, 'budget')['d1s-c']['p_value_holm'])}")
     planned = n_seeds(RACE_SEEDS[DECIDED_ON])
     rule = ("Decided before the arith-2digit runs, since the default task chose D1S-C for them: the default "
             f"recipe's variant becomes D1S-C if on arith-2digit, over its {planned}, D1S-C ends at or above D3S + floor "
             "(the default recipe's variant when the rule was fixed) at GRPO's compute in the paired mean and is not "
-            "shown below GRPO; "
-            "otherwise the default recipe stays D3S + floor. ")
+            "shown below GRPO (read as fixed: its 95% interval not below zero); otherwise the default recipe stays "
+            "D3S + floor. ")
     decided = race_decision_variant(root)
     if decided is None:
         return rule + f"So far {figures}; decided when the {planned} are in."
@@ -569,16 +673,19 @@ def race_table_short(root: Path, prefix: str = "") -> str:
         c = _compare(root, folder)
         task = RACE_TASKS[folder].removeprefix("the ")
         head.append(f" {task} ({n_seeds(len(c['seeds']))}) | vs GRPO, paired")
+        tests = arm_tests(c, "budget")
         for v, r in c["variants"].items():
             b = r["budget"]
-            diff = "-" if v == c["reference"] else paired(b["diff_at_budget_mean"], b["diff_at_budget_ci"])
+            diff = "-" if v == c["reference"] else paired(b["diff_at_budget_mean"], b["diff_at_budget_ci"],
+                                                          tests[v]["p_value_holm"])
             cells[_race_arm(folder, v)] += [f"{pct(r['final_accuracy_mean'])} {_interval(r['seed_ci95'])}", diff]
     lines = [" |".join(head) + " |", "|---" * (1 + 2 * len(folders)) + "|"]
     lines += [f"| {row} | " + " | ".join(cells[row]) + " |" for row in RACE_ROWS if cells[row]]
     lines.append("")
     lines.append("Held-out accuracy once every variant has spent the same seed's GRPO compute (estimated model FLOPs, "
                  "generation included): mean [95% interval over seeds]; the difference to GRPO paired by seed, "
-                 "\"not shown\" where its interval includes zero. Sources: "
+                 "\"not shown\" unless its interval excludes zero and its Holm-corrected sign-flip test agrees "
+                 "([terms](docs/results.md#terms)). Sources: "
                  + ", ".join(_link(f, prefix) for f in folders) + ".")
     return "\n".join(lines)
 

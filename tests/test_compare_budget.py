@@ -13,6 +13,7 @@ import pytest
 from d3s import cli
 from d3s.app.compare.budget import budget_argv, budget_summary, curve
 from d3s.app.compare.command import refuse_mixed_machines
+from d3s.app.compare.markdown import _budget
 from d3s.app.errors import RecipeError
 from d3s.app.intervals import mean_interval
 from d3s.app.machine import machine_description
@@ -58,7 +59,42 @@ def test_budget_summary_by_hand():
     assert d3s["probability_of_improvement"] == 1.0
     assert (d3s["seeds_reaching_target"], d3s["seeds_reaching_target_early"]) == (2, 1)
     assert out["grpo"]["diff_at_budget_ci"] is None and out["grpo"]["per_seed"]["1"]["share_spent"] == 1.0
+    # the sign-flip test of two differences, both positive: 2 of the 4 sign assignments are as far from zero
+    assert d3s["p_value"] == 0.5 and d3s["p_value_holm"] == 0.5  # one arm: Holm leaves it
+    assert d3s["leave_one_out"] == pytest.approx([0.02, 0.1])
+    assert d3s["auc_leave_one_out"] == pytest.approx(sorted([auc1 - ref_auc[0], auc2 - ref_auc[1]]))
+    for key in ("p_value", "p_value_holm", "leave_one_out", "auc_p_value", "auc_p_value_holm", "auc_leave_one_out"):
+        assert out["grpo"][key] is None
     assert curve(runs["d3s"][0]["records"], F) == [(0.0, 0.4), (0.3, 0.6), (0.6, 0.65), (0.98, 0.7)]
+
+
+def test_the_tests_are_corrected_over_the_arms_of_the_table():
+    F = 100.0
+
+    def arm(finals):
+        return [_run(seed, F, [(0, 0.4), (F, a)]) for seed, a in enumerate(finals, 1)]
+    runs = {"grpo": arm([0.5] * 6), "up": arm([0.6, 0.55, 0.57, 0.6, 0.62, 0.58]),
+            "flat": arm([0.52, 0.48, 0.5, 0.51, 0.49, 0.53]), "down": arm([0.4, 0.45, 0.42, 0.5, 0.44, 0.41])}
+    out = budget_summary(runs, "grpo")
+    # up: six positive differences, p = 2/64; down: five negative and a zero, p = 4/64; flat: p well above
+    assert out["up"]["p_value"] == 2 / 64 and out["down"]["p_value"] == 4 / 64
+    assert out["up"]["p_value_holm"] == pytest.approx(3 * 2 / 64)
+    assert out["down"]["p_value_holm"] == pytest.approx(2 * 4 / 64)
+    assert out["flat"]["p_value_holm"] == pytest.approx(max(out["flat"]["p_value"], 2 * 4 / 64))
+    # the interval of `up` excludes zero, but three arms at six seeds cannot show it: 3 x 2/64 > 0.05
+    assert out["up"]["diff_at_budget_ci"][0] > 0 and out["up"]["p_value_holm"] > 0.05
+    # the area is a second family, tested the same way (a two-point curve: the area is the mean of its ends)
+    assert out["up"]["auc_p_value"] == 2 / 64 and out["up"]["auc_p_value_holm"] == pytest.approx(3 * 2 / 64)
+    table = "\n".join(_budget({"mode": "budget", "reference": "grpo", "seeds": list(range(1, 7)),
+                                "variants": {v: {"budget": b} for v, b in out.items()}}))
+    assert ("| up | 58.7% | +8.7 | [+6.0, +11.3] (not shown: corrected p = 0.0938) | 0.0312 | 0.0938 | +8.0 to +9.4 |"
+            in table)
+    assert "| flat | 50.5% | +0.5 | [-1.5, +2.5] (not shown) | 0.688 | 0.688 |" in table
+    # alone in its table, `up` is shown: its interval excludes zero and 2/64 < 0.05
+    alone = budget_summary({"grpo": runs["grpo"], "up": runs["up"]}, "grpo")
+    table = "\n".join(_budget({"mode": "budget", "reference": "grpo", "seeds": list(range(1, 7)),
+                                "variants": {v: {"budget": b} for v, b in alone.items()}}))
+    assert "| up | 58.7% | +8.7 | [+6.0, +11.3] | 0.0312 | 0.0312 |" in table
 
 
 def test_wall_clock_ratios_from_different_machines_are_refused_in_one_line():

@@ -95,6 +95,10 @@ def test_summary_tables(tmp_path):
     # MDD: (t_{0.975, 2} + t_{0.8, 2}) sd / sqrt(3), the t quantiles in closed form for 2 degrees of freedom
     t2 = [(2 * p - 1) / math.sqrt(2 * p * (1 - p)) for p in (0.975, 0.8)]
     assert d3s["diff_to_reference_mdd"] == pytest.approx(sum(t2) * statistics.stdev(diffs) / math.sqrt(3))
+    # sign flips of (0.05, 0, 0.10): only +-(0.05 + 0.10) are as far from zero, twice each (0 flips to itself)
+    assert d3s["diff_to_reference_p_value"] == 0.5 and d3s["diff_to_reference_p_value_holm"] == 0.5
+    assert d3s["diff_to_reference_leave_one_out"] == pytest.approx([0.025, 0.075])
+    assert summary["variants"]["grpo"]["diff_to_reference_p_value"] is None
     # d3s reaches 60% at its step-2 evaluation in every seed: 120 s, 2 steps x 100 positions
     assert d3s["seeds_reaching_target"] == 3
     assert d3s["wall_s_to_target_mean"] == 120.0 and d3s["computed_to_target_mean"] == 200.0
@@ -109,6 +113,7 @@ def test_summary_tables(tmp_path):
     md = render_markdown(summary, "d3s compare ...")
     assert "**The runs were made by different code versions**" in md and "seed 3 `0.1.0+gdef`" in md
     assert "| d3s | 65.0% |" in md and "| +5.0 |" in md
+    assert "| +5.0 | [-7.4, +17.4] (not shown) | 0.5 |" in md  # paired interval, then the Holm-corrected p
     assert "Recipe not recorded, so not checked against this command: grpo seed 1" in md
     # where a step's time goes: means over steps and seeds; parts only where every run timed them
     assert grpo["step_seconds_mean"] == {"step": 42.0}
@@ -192,21 +197,22 @@ def test_cost_seed_by_seed_against_the_same_seeds_reference_and_its_machine(tmp_
     summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2, 3, 4, 5])
     per_seed = {p["seed"]: p for p in summary["variants"]["d3s"]["per_seed"]}
     assert per_seed[1]["to_target_vs_reference"] == {"wall_share": 0.5, "computed_share": 0.5, "flops_share": None,
-                                                       "same_machine": True}  # no FLOPs recorded
+                                                       "same_machine": True, "quiet": None}  # no FLOPs, no load
     # wall-clock shares only on one machine; positions computed always
     assert per_seed[2]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 1.0, "flops_share": None,
-                                                       "same_machine": False}
+                                                       "same_machine": False, "quiet": None}
     assert per_seed[3]["to_target_vs_reference"] is None
     for seed in (4, 5):
         assert per_seed[seed]["to_target_vs_reference"] == {"wall_share": None, "computed_share": 0.5, "flops_share": None,
-                                                           "same_machine": None}
+                                                           "same_machine": None, "quiet": None}
     d3s = summary["variants"]["d3s"]
     assert d3s["one_machine_with_reference"] is False and d3s["speedup_wall"] is None
     assert d3s["speedup_computed"] is not None
     assert "to_target_vs_reference" not in summary["variants"]["grpo"]["per_seed"][0]
     md = render_markdown(summary, "d3s compare ...")
     assert "## Cost to reach grpo's final accuracy, seed by seed" in md
-    assert "| d3s | 1 | 2 | 2.0 min | 0.50 of 4.0 min | 0.50 | - | one machine |" in md
+    # one machine, but no run recorded its load: the share is given, marked unverified
+    assert "| d3s | 1 | 2 | 2.0 min | 0.50 of 4.0 min (unverified: no load record) | 0.50 | - | one machine |" in md
     assert ("| d3s | 2 | 4 | 4.0 min | not compared: different machines | 1.00 | - | **different machines** |"
             in md)
     assert "| d3s | 3 | not reached (55.0% at the end) |" in md
@@ -226,3 +232,58 @@ def test_one_machine_and_no_second_variant_add_no_notes(tmp_path):
         (tmp_path / f"grpo-seed{seed}" / "run_config.json").write_text(json.dumps(_run_config(_XEON)))
     md = render_markdown(summarize(tmp_path, ["grpo"], [1, 2]), "d3s compare ...")
     assert "seed by seed" not in md and "not all timed on one machine" not in md
+
+
+def _load(start: float, end: float, cpus: int = 2) -> dict:
+    """A summary's `load`: the 1-minute load averages at start and end (the 5-minute ones do not decide)."""
+    return {"start": {"load_1min": start, "load_5min": 1.0, "cpu_count": cpus},
+            "end": {"load_1min": end, "load_5min": 1.0, "cpu_count": cpus}}
+
+
+def _with_load(folder: Path, load: dict | None) -> None:
+    path = folder / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "load": load}))
+
+
+def test_wall_clock_ratios_only_between_quiet_runs(tmp_path):
+    # every run on one machine, each reaching 60% where the seed's grpo ends; seed 2's d3s ran with another job
+    # (load 5.3 on 2 CPUs at the end): its share and the ratios over seeds are withheld, seed 1's pair is given
+    loads = {1: (_load(2.0, 2.3), _load(1.2, 2.4)), 2: (_load(2.1, 2.0), _load(2.0, 5.3))}
+    for seed, (ref_load, load) in loads.items():
+        for name, curve, run_load in (("grpo", [0.4, 0.5, 0.6], ref_load), ("d3s", [0.4, 0.6, 0.6], load)):
+            _write_run(tmp_path / f"{name}-seed{seed}", curve[-1], curve)
+            (tmp_path / f"{name}-seed{seed}" / "run_config.json").write_text(json.dumps(_run_config(_XEON)))
+            _with_load(tmp_path / f"{name}-seed{seed}", run_load)
+    summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2])
+    per_seed = {p["seed"]: p for p in summary["variants"]["d3s"]["per_seed"]}
+    assert (per_seed[1]["load_start"], per_seed[1]["load_end"], per_seed[1]["quiet"]) == (1.2, 2.4, True)
+    assert (per_seed[2]["load_end"], per_seed[2]["quiet"]) == (5.3, False)
+    assert per_seed[1]["to_target_vs_reference"]["wall_share"] == 0.5  # a quiet pair: shown
+    assert per_seed[1]["to_target_vs_reference"]["quiet"] is True
+    assert per_seed[2]["to_target_vs_reference"]["wall_share"] is None  # a loaded run: withheld
+    d3s = summary["variants"]["d3s"]
+    assert d3s["quiet_with_reference"] is False and d3s["speedup_wall"] is None
+    assert d3s["speedup_computed"] is not None  # positions computed do not depend on the load
+    md = render_markdown(summary, "d3s compare ...")
+    assert "| d3s | 1 | 2 | 2.0 min | 0.50 of 4.0 min | 0.50 | - | one machine |" in md
+    assert "| d3s | 2 | 2 | 2.0 min | wall-clock withheld: seed 2's d3s ran with load 5.3 on 2 CPUs |" in md
+    assert "| wall-clock withheld: seed 2's d3s ran with load 5.3 on 2 CPUs | 2.00x |" in md  # the cost table
+    assert "| d3s seed 2 | 60.0% | 4.0 min |" in md and "| 2.0 / 5.3 (loaded) |" in md and "| 1.2 / 2.4 |" in md
+    assert "**Some runs ran on a loaded machine**" in md and "d3s seed 2 (5.3)" in md
+    assert "recorded no load average" not in md
+
+
+def test_a_quiet_pair_gets_its_ratio_and_a_run_without_a_load_record_is_unverified(tmp_path):
+    for name, curve, load in (("grpo", [0.4, 0.5, 0.6], _load(2.0, 2.5)), ("d3s", [0.4, 0.6, 0.6], _load(0.3, 2.1))):
+        _write_run(tmp_path / f"{name}-seed1", curve[-1], curve)
+        (tmp_path / f"{name}-seed1" / "run_config.json").write_text(json.dumps(_run_config(_XEON)))
+        _with_load(tmp_path / f"{name}-seed1", load)
+    summary = summarize(tmp_path, ["grpo", "d3s"], [1])
+    d3s = summary["variants"]["d3s"]
+    assert d3s["quiet_with_reference"] is True and d3s["speedup_wall"] == 2.0  # 240 s against 120 s
+    md = render_markdown(summary, "d3s compare ...")
+    assert "| 2.00x | 2.00x |" in md and "unverified" not in md and "loaded machine" not in md
+    _with_load(tmp_path / "d3s-seed1", None)  # a run made before runs recorded their load
+    md = render_markdown(summarize(tmp_path, ["grpo", "d3s"], [1]), "d3s compare ...")
+    assert "| 2.00x (unverified: no load record) | 2.00x |" in md
+    assert "1 of 2 runs recorded no load average" in md

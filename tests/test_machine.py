@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from d3s.app import machine
-from d3s.app.machine import cpu_from_cpuinfo, machine_description, machine_label, one_machine, same_machine
+from d3s.app.machine import (LOAD_MARGIN, all_quiet, cpu_from_cpuinfo, machine_description, machine_label,
+                             machine_load, one_machine, quiet, same_machine)
 
 _ZEN4 = {"cpu_vendor": "AuthenticAMD", "cpu": "AMD EPYC", "cpu_family": 25, "cpu_model": 17, "cpu_stepping": 1,
          "cpu_count": 2, "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "accelerator": None, "processes": 1,
@@ -83,6 +84,32 @@ def test_machine_description_reads_this_machine(monkeypatch):
         assert {k: m[k] for k in expected if k != "cpu"} == {k: v for k, v in expected.items() if k != "cpu"}
         if expected["cpu"]:
             assert m["cpu"] == expected["cpu"]
+
+
+def _sample(one: float, cpus: int = 2) -> dict:
+    return {"load_1min": one, "load_5min": 0.7, "cpu_count": cpus}
+
+
+def test_a_run_is_quiet_when_its_load_stays_within_its_cpus_and_a_margin():
+    # a training run on 2 CPUs loads them itself (about 2): quiet up to 2 + 0.5 at start and at end
+    assert LOAD_MARGIN == 0.5
+    assert quiet({"start": _sample(0.1), "end": _sample(2.5)}) is True
+    assert quiet({"start": _sample(2.51), "end": _sample(2.0)}) is False  # another job at the start
+    assert quiet({"start": _sample(1.0), "end": _sample(5.3)}) is False  # ... or at the end
+    assert quiet({"start": _sample(5.3, cpus=8), "end": _sample(8.4, cpus=8)}) is True  # the margin is per machine
+    # no record (a run made before runs recorded their load, or no load average on the platform): unknown
+    assert quiet(None) is None and quiet({"start": None, "end": _sample(1.0)}) is None
+    assert quiet({"start": _sample(1.0, cpus=None), "end": _sample(1.0, cpus=None)}) is None  # CPUs unknown
+    assert all_quiet([True, True]) is True and all_quiet([True, None]) is None and all_quiet([None, False]) is False
+    assert all_quiet([]) is None
+
+
+def test_machine_load_reads_this_machine(monkeypatch):
+    load = machine_load()
+    if hasattr(os, "getloadavg"):
+        assert set(load) == {"load_1min", "load_5min", "cpu_count"} and load["cpu_count"] == os.cpu_count()
+    monkeypatch.setattr(os, "getloadavg", lambda: (_ for _ in ()).throw(OSError("no load average")))
+    assert machine_load() is None
 
 
 def test_machine_labels():

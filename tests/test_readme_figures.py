@@ -79,9 +79,26 @@ def test_the_trl_field_table_lists_every_d3s_config_field():
     assert figures.render(stale, ROOT, "../")[1] == ["d3s-config-fields"]
 
 
-def test_an_interval_containing_zero_shows_nothing():
-    assert figures.paired(0.022, (-0.105, 0.149)) == "+2.2 points [-10.5, +14.9], not shown"
-    assert figures.paired(0.09, (0.016, 0.164)) == "+9.0 points [+1.6, +16.4]"
+def test_a_difference_is_shown_only_where_the_interval_and_the_corrected_test_agree():
+    assert figures.paired(0.022, (-0.105, 0.149), 0.3) == "+2.2 points [-10.5, +14.9], not shown"
+    assert figures.paired(0.09, (0.016, 0.164), 0.02) == "+9.0 points [+1.6, +16.4], corrected p = 0.02"
+    assert figures.paired(0.09, (0.016, 0.164), 0.07) == "+9.0 points [+1.6, +16.4], not shown (corrected p = 0.07)"
+    # five seeds, all above: the interval excludes zero, but the exact test cannot go below 2/32
+    assert figures.paired_between([0.6, 0.62, 0.61, 0.65, 0.6], [0.5] * 5).endswith(", not shown (p = 0.062)")
+    assert figures.verdict(0.09, [0.016, 0.164], 0.07) == "not shown (corrected p = 0.07)"
+    assert figures.verdict(-0.09, [-0.164, -0.016], 0.01) == "lower"
+
+
+def test_a_compare_json_written_before_the_tests_gets_them_from_its_per_seed_values():
+    c = {"reference": "grpo", "seeds": [1, 2, 3, 4, 5, 6],
+         "variants": {"grpo": {"final_accuracy_per_seed": [0.5] * 6},
+                      "a": {"final_accuracy_per_seed": [0.6, 0.55, 0.57, 0.6, 0.62, 0.58]},
+                      "b": {"final_accuracy_per_seed": [0.52, 0.48, 0.5, 0.51, 0.49, 0.53]}}}
+    tests = figures.arm_tests(c, "final")
+    assert tests["a"]["p_value"] == 2 / 64 and tests["a"]["p_value_holm"] == 2 * 2 / 64
+    c["variants"]["a"].update(diff_to_reference_p_value=0.5, diff_to_reference_p_value_holm=0.9)
+    c["variants"]["b"].update(diff_to_reference_p_value=0.5, diff_to_reference_p_value_holm=0.9)
+    assert figures.arm_tests(c, "final")["a"] == {"p_value": 0.5, "p_value_holm": 0.9}  # stored: read as written
 
 
 # --- the race blocks, on a made-up compare.json ------------------------------------------------------------
@@ -91,13 +108,14 @@ MACHINE = {"cpu_vendor": "AuthenticAMD", "cpu": "AMD EPYC", "cpu_family": 25, "c
            "torch_threads": 2}
 
 
-def _variant(finals, ci, diffs_ci, reach, wall, machines):
+def _variant(finals, ci, diffs_ci, reach, wall, machines, p_holm=0.01):
     seeds = [11, 12, 13, 14]
     return {"final_accuracy_mean": sum(finals) / 4, "seed_ci95": ci,
             "per_seed": [{"seed": s, "steps": 20, "train_wall_s": w, "machine": m}
                          for s, w, m in zip(seeds, wall, machines)],
             "budget": {"diff_at_budget_mean": None if diffs_ci is None else sum(diffs_ci) / 2,
                        "diff_at_budget_ci": diffs_ci, "diff_at_budget_mdd": 0.1, "probability_of_improvement": 0.5,
+                       "p_value": p_holm, "p_value_holm": p_holm, "auc_p_value": 0.5, "auc_p_value_holm": 0.5,
                        "auc_diff_mean": 0.01, "auc_diff_ci": [-0.02, 0.04],
                        "seeds_reaching_target": sum(r is not None for r in reach),
                        "compute_to_target_median": None,
@@ -126,7 +144,10 @@ def test_the_race_verdict_says_higher_lower_or_not_shown_and_counts_the_compute_
                   [MACHINE, MACHINE, MACHINE, other])
     down = _variant([0.5] * 4, [0.4, 0.6], [-0.2, -0.01], [0.2, None, None, None], [50] * 4, [MACHINE] * 4)
     flat = _variant([0.6] * 4, [0.5, 0.7], [-0.05, 0.05], [0.2, 0.42, 0.42, 0.62], [50] * 4, [MACHINE] * 4)
-    root = _race_root(tmp_path, {"grpo": grpo, "d3s": up, "d1s-c": down, "d3s+min_tokens_per_rollout=0": flat})
+    # an interval above zero that the corrected test does not confirm
+    unconfirmed = _variant([0.7] * 4, [0.6, 0.8], [0.01, 0.19], [None] * 4, [50] * 4, [MACHINE] * 4, p_holm=0.07)
+    root = _race_root(tmp_path, {"grpo": grpo, "d3s": up, "d1s-c": down, "d3s+min_tokens_per_rollout=0": flat,
+                                 "d3s+max_grad_norm=0": unconfirmed})
     text = figures.race_verdict(root)
     # held from 0.2 in three seeds: 3 of 4 meets the target of 75% of seeds; held from 0.62 after 0.42 below: not
     assert "D3S + floor: higher, meets the compute target (3 of 4)" in text
@@ -134,10 +155,13 @@ def test_the_race_verdict_says_higher_lower_or_not_shown_and_counts_the_compute_
     # held from 0.42 after 0.2 below: crossed somewhere in (0.2, 0.42], on either side of 0.4
     assert "paper's D3S: not shown, may meet the compute target (1 (+2 can't tell) of 4)" in text
     assert figures.target_counts(flat["budget"]) == (1, 2, 1)
+    assert "D3S + floor, no gradient clipping: not shown (corrected p = 0.07), misses" in text
     table = figures.race_table(root, "race-default")
     # wall-clock: the seed timed on another machine is left out, the mean of 50/100, 60/100, 70/100 remains
     assert "| 0.60 (1 pairs left out) |" in table
-    assert "+10.0 points [+1.0, +19.0] |" in table and "-10.5 points [-20.0, -1.0] |" in table
+    assert "+10.0 points [+1.0, +19.0], corrected p = 0.01 |" in table
+    assert "-10.5 points [-20.0, -1.0], corrected p = 0.01 |" in table
+    assert "+10.0 points [+1.0, +19.0], not shown (corrected p = 0.07) |" in table
     assert "+0.0 points [-5.0, +5.0], not shown" in table
 
 
@@ -147,7 +171,7 @@ def test_the_race_headline_names_a_task_not_run_yet(tmp_path):
                                                                   [0.3] * 4, [50] * 4, [MACHINE] * 4)})
     text = figures.race_headline(root)
     assert text.startswith("- The default task, 4 of 8 seeds so far (11-14), paired: GRPO ended at 60.0%")
-    assert "  - D3S + floor: 70.0%, +10.0 points [+1.0, +19.0]" in text
+    assert "  - D3S + floor: 70.0%, +10.0 points [+1.0, +19.0], corrected p = 0.01;" in text
     assert text.endswith("- Not run yet: arith-2digit.")
 
 
@@ -187,6 +211,21 @@ def test_the_step_time_ratio_pairs_seeds_timed_on_one_machine():
                       "d1s-c": runs([10, 10, 10], [other, other, MACHINE])}}
     assert figures.step_ratio(c, "d3s") == (0.375, 1)  # (20/40 + 10/40) / 2; seed 3 timed on two machines
     assert figures.step_ratio(c, "d1s-c") == (None, 3)  # no seed's pair on one machine: not compared
+    assert figures.load_note(c).startswith("No run here recorded its load average")  # unverified, said once
+
+
+def test_a_pair_with_a_loaded_run_is_left_out_of_the_wall_clock_ratios():
+    def runs(seconds, loads):
+        return {"per_seed": [{"seed": s, "step_seconds": {"step": x}, "machine": MACHINE, "quiet": q}
+                             for s, x, q in zip([1, 2, 3], seconds, loads)]}
+    c = {"variants": {"grpo": runs([40, 40, 40], [True, True, None]), "d3s": runs([20, 10, 30], [True, False, True])}}
+    # seed 2's d3s ran loaded: left out; seed 3's grpo recorded no load: kept, unverified
+    assert figures.step_ratio(c, "d3s") == ((20 / 40 + 30 / 40) / 2, 1)
+    assert figures.load_note(c) == ("1 of 6 runs ran on a loaded machine; pairs with them are left out. 1 of 6 runs "
+                                    "recorded no load average: ratios with them are unverified.")
+    c["variants"]["d3s"]["per_seed"][1]["quiet"] = True
+    c["variants"]["grpo"]["per_seed"][2]["quiet"] = True
+    assert figures.step_ratio(c, "d3s") == ((20 / 40 + 10 / 40 + 30 / 40) / 3, 0) and figures.load_note(c) == ""
 
 
 def test_the_d3s_settings_are_paired_against_the_recipes_d3s_seed_by_seed(tmp_path):
@@ -199,17 +238,18 @@ def test_the_d3s_settings_are_paired_against_the_recipes_d3s_seed_by_seed(tmp_pa
                                  "d3s": arm([0.60, 0.62, 0.58, 0.60], [0.5] * 4),
                                  "d1s-c": arm([0.70, 0.72, 0.70, 0.68], [0.5, 0.6, 0.5, 0.6])})
     text = figures.race_settings(root, "race-default")
-    # differences 0.10, 0.10, 0.12, 0.08: mean 0.10, sd 0.0163, t(3) 3.182 -> +/- 0.0260
-    assert "D1S-C +10.0 points [+7.4, +12.6] at the budget" in text
+    # differences 0.10, 0.10, 0.12, 0.08: mean 0.10, sd 0.0163, t(3) 3.182 -> +/- 0.0260; all four above zero,
+    # so the sign-flip p is 2/16: four seeds cannot show it, the interval alone would
+    assert "D1S-C +10.0 points [+7.4, +12.6], not shown (p = 0.12) at the budget" in text
     # area differences 0, 0.1, 0, 0.1: mean 0.05, sd 0.0577 -> +/- 0.0919
     assert "+5.0 points [-4.2, +14.2], not shown in area under the curve" in text
     assert "GRPO" not in text  # the reference is not a D3S setting
 
 
-def _decision_root(tmp_path, d1s_acc, floor_acc, d1s_vs_grpo_ci):
+def _decision_root(tmp_path, d1s_acc, floor_acc, d1s_vs_grpo_ci, p_holm=0.01):
     """A finished (4-seed) arith-2digit race whose D1S-C and D3S + floor end at the given accuracies."""
     def arm(acc, ci):
-        v = _variant([0.4] * 4, [0.3, 0.5], ci, [None] * 4, [50] * 4, [MACHINE] * 4)
+        v = _variant([0.4] * 4, [0.3, 0.5], ci, [None] * 4, [50] * 4, [MACHINE] * 4, p_holm=p_holm)
         for s, a in zip(["11", "12", "13", "14"], acc):
             v["budget"]["per_seed"][s].update(accuracy_at_budget=a, auc=a)
         return v
@@ -235,6 +275,11 @@ def test_the_default_recipe_decision_follows_the_rule_decided_before_the_runs(tm
     # above the floor but shown below GRPO: the floor stays
     root = _decision_root(tmp_path / "d", [0.41] * 4, [0.40] * 4, [-0.09, -0.01])
     assert figures.race_decision_variant(root) == "d3s"
+    # the rule reads "shown below" as it was fixed, by the interval alone: a corrected test added since does not
+    # change it (it could only turn a "below" into "not shown", never the other way)
+    root = _decision_root(tmp_path / "e", [0.41] * 4, [0.40] * 4, [-0.09, -0.01], p_holm=0.5)
+    assert figures.race_decision_variant(root) == "d3s"
+    assert "against GRPO -5.0 points [-9.0, -1.0], not shown (corrected p = 0.5)" in figures.race_decision(root)
 
 
 def test_the_decision_waits_for_every_seed(tmp_path):

@@ -9,6 +9,16 @@ CPU vendor, model name, family, model, stepping, flags and logical CPUs agree, a
 processes (the torch version and threads are software: not compared). A record without family, model or stepping
 (a run made before they were recorded, and not backfilled from an `lscpu` output saved with it) is unknown: it
 is one machine with nothing, so its wall-clock is compared with no other run's.
+
+The quiet rule (`quiet`), the one place `d3s compare` asks whether a run's wall-clock was its own: every run
+records the machine's load average and CPU count when it starts (`run_config.json`'s `load_start`) and, with that,
+when it ends (`summary.json`'s `load`: `start` and `end`). A run is quiet when its 1-minute load average was at
+most its CPU count + `LOAD_MARGIN` at both. The reason: the load average counts the threads running or waiting
+to run, averaged over the last minute; a training run keeps about one thread per CPU busy (torch's threads), so
+a machine running only it, or the run before it in a `d3s compare`, sits near its CPU count; more than half a
+CPU above that means other work shared the CPUs for much of the minute. Two samples, not a trace: a job that
+came and went in the middle of a run is not seen. The load average is the whole machine's (in a container, the
+host's, as is the CPU count recorded with it).
 """
 
 from __future__ import annotations
@@ -67,6 +77,38 @@ def machine_description(accelerator: str | None = None) -> dict[str, Any]:
     return {**_this_cpu(), "cpu_count": os.cpu_count(), "accelerator": accelerator,
             "processes": int(os.environ.get("WORLD_SIZE", "1")), "torch": torch.__version__.split("+")[0],
             "torch_threads": torch.get_num_threads()}
+
+
+LOAD_MARGIN = 0.5
+"""How far above its CPU count a quiet run's 1-minute load average may be (see the module docstring)."""
+
+
+def machine_load() -> dict[str, Any] | None:
+    """The machine's load now: `{"load_1min", "load_5min", "cpu_count"}` (`os.getloadavg()`, `os.cpu_count()`);
+    None where the platform has no load average."""
+    try:
+        one, five, _ = os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+    return {"load_1min": round(one, 2), "load_5min": round(five, 2), "cpu_count": os.cpu_count()}
+
+
+def quiet(load: dict | None) -> bool | None:
+    """Whether a run was quiet (the rule in the module docstring), from its summary's `load` (`{"start": ...,
+    "end": ...}`, each a `machine_load()`): True when the 1-minute load average at start and at end was at most
+    the CPU count + `LOAD_MARGIN`, False when one was above, None when the run recorded no load (made before
+    runs recorded it, or on a platform without one)."""
+    samples = [(load or {}).get(k) for k in ("start", "end")]
+    if not all(samples) or any(s.get("cpu_count") is None for s in samples):
+        return None
+    return all(s["load_1min"] <= s["cpu_count"] + LOAD_MARGIN for s in samples)
+
+
+def all_quiet(verdicts: list[bool | None]) -> bool | None:
+    """`quiet` over runs: False when one was loaded, True when every one was quiet, else None (no record)."""
+    if False in verdicts:
+        return False
+    return True if verdicts and all(v is True for v in verdicts) else None
 
 
 def machine_known(machine: dict | None) -> bool:

@@ -1,11 +1,12 @@
 """The files a run writes, written so that nothing saved is lost, and read back one way, so that a damaged
 one is never used.
 
-- `run_config.json` (the run's settings, recipe, code version and machine), `summary.json` (written last: the
-  run is finished) and `metrics.jsonl` (one record per step and kind). A file that exists and cannot be used
-  is *damaged*, whatever the reason: unreadable, not UTF-8, not JSON, or without the fields its readers need
-  (`{}` is as damaged as `{broken`). `read_run_config` and `read_summary` say why in one short phrase, and
-  every reader of these files goes through them; `read_run_records` keeps one record per step and kind.
+- `run_config.json` (the run's settings, recipe, code version, machine and its load at the start),
+  `summary.json` (written last: the run is finished) and `metrics.jsonl` (one record per step and kind). A file
+  that exists and cannot be used is *damaged*, whatever the reason: unreadable, not UTF-8, not JSON, or without
+  the fields its readers need (`{}` is as damaged as `{broken`). `read_run_config` and `read_summary` say why in
+  one short phrase, and every reader of these files goes through them; `read_run_records` keeps one record per
+  step and kind.
 - Writes: `atomic_write_text` replaces a file (a reader or a kill sees the old file or the new one, never a
   part) and `RunLog` appends records. A write that fails (a full disk, a read-only folder) raises
   `RunFileError` naming the file and why, in one line; what was written before stays as it was.
@@ -393,10 +394,11 @@ def generation_summary(records: list[dict]) -> dict[str, float | None] | None:
 
 
 def run_summary(run, config, steps: int, heldout_size: int, before: dict | None, after: dict, run_log: RunLog,
-                started: float, version: str, budget: dict | None) -> dict[str, Any]:
+                started: float, version: str, budget: dict | None, load: dict | None = None) -> dict[str, Any]:
     """What `summary.json` records of a finished run (`run`, `config`: its `RunArgs` and `D3SConfig`; `started`:
-    the `time.perf_counter()` of the command's start; `budget`: what its compute budget bought, or None); it holds
-    every field of `SUMMARY_FIELDS`."""
+    the `time.perf_counter()` of the command's start; `budget`: what its compute budget bought, or None; `load`:
+    the machine's load when the command started and now, `{"start": ..., "end": ...}`, each
+    `d3s.app.machine.machine_load()`); it holds every field of `SUMMARY_FIELDS`."""
     last_train = run_log.last("train") or {}
     generation = generation_summary(run_log.records)
     return {
@@ -427,6 +429,7 @@ def run_summary(run, config, steps: int, heldout_size: int, before: dict | None,
             mask_truncated=bool(config.mask_truncated_completions),
         ),
         "command_wall_s": time.perf_counter() - started,
+        "load": load,
         "code_version": version,
         "examples_after": after.get("examples", []),
     }

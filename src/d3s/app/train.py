@@ -51,7 +51,7 @@ from d3s.app.budget import budget_spent, budget_summary, count_compute, run_budg
 from d3s.app.child_process import stop_with_parent
 from d3s.app.errors import RecipeError, Terminated
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
-from d3s.app.machine import machine_description
+from d3s.app.machine import machine_description, machine_load
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
 from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, train_device, \
@@ -197,14 +197,15 @@ def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, A
     """Fix the logging the records need; returns what `run_config.json` records: the run and trainer settings
     (with the mixed precision the trainer runs, which `precision` settled when the config was built), the
     recipe, what the recipe or the command line adds to the named variant (`variant`: `d3s` on the default recipe is
-    D3S with a floor of 4 tokens per kept rollout, not the paper's D3S), the code version and the machine it is timed
-    on."""
+    D3S with a floor of 4 tokens per kept rollout, not the paper's D3S), the code version, the machine it is timed
+    on and that machine's load as the run starts (`d3s.app.machine.machine_load`; `summary.json` adds the load at the
+    end)."""
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
     trainer = {**config.to_dict(), "mixed_precision": config.mixed_precision}
     accelerator = torch.cuda.get_device_name() if _device(config) == "cuda" else None
     variant = {"name": config.variant, "added": variant_additions(config, recipe)}
     return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "variant": variant,
-            "code_version": code_version(), "machine": machine_description(accelerator)}
+            "code_version": code_version(), "machine": machine_description(accelerator), "load_start": machine_load()}
 
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
@@ -262,8 +263,9 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     _train(trainer, callback, run_log, out, run, config, checkpoint, resume_step, unloadable)
     after = _final_evaluation(trainer, callback, run_log, out, run, resume_step, unloadable)
     budget = budget_summary(run_budget(run), [r["flops"] for r in run_log.records if r["type"] == "train"])
+    load = {"start": run_config["load_start"], "end": machine_load()}  # whether the run was quiet: d3s.app.machine
     summary = run_summary(run, config, trainer.state.global_step, len(task.heldout), before, after, run_log, started,
-                          run_config["code_version"], budget)
+                          run_config["code_version"], budget, load)
     _finish(run, config, out, summary, main_process)
     return summary
 

@@ -3,7 +3,8 @@
 - `command`  the command: its options, the runs it trains, reuses or resumes, and the files it writes;
 - `summary`  the numbers of a comparison (`compare.json`);
 - `markdown` those numbers as the tables of `compare.md`;
-- `stats`    the statistics, as pure functions (paired interval, detectable difference, budget curves).
+- `stats`    the statistics, as pure functions (paired interval, sign-flip test, Holm, leave-one-out, the
+             shown rule, detectable difference, budget curves).
 """
 
 from d3s.app.compare.command import cmd_compare

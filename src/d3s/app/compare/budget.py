@@ -10,8 +10,10 @@ says so: `stopped_by: max_steps`).
 The summary (`budget_summary`, the `budget` object of each variant in `compare.json`) is per seed: held-out
 accuracy at the budget, the area under accuracy against the compute share (the mean accuracy over the budget),
 and the compute share at which the run reached the same seed's reference final accuracy and stayed there; then,
-paired by seed against the reference, the mean differences with their 95% intervals, the probability of
-improvement and the minimum detectable difference at this seed count (`d3s.app.compare.stats`).
+paired by seed against the reference, the mean differences with their 95% intervals, the exact sign-flip
+p-values (raw, and Holm-corrected over the non-reference arms of this table, one family per measure), the range
+of the mean difference with any one seed left out, the probability of improvement and the minimum detectable
+difference at this seed count (`d3s.app.compare.stats`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from d3s.app.compare.stats import (area_under_curve, minimum_detectable_difference, paired_interval,
-                                   probability_of_improvement, reached_and_held)
+                                   paired_tests, probability_of_improvement, reached_and_held)
 from d3s.app.errors import RecipeError
 from d3s.app.runfiles import finished_summary, read_run_records
 
@@ -127,17 +129,25 @@ def _paired(values: dict[str, float | None], ref: dict[str, float | None]) -> tu
     return diffs, len(diffs) == len(values)
 
 
+MEASURES = {"diff_at_budget": ("accuracy_at_budget", ""), "auc_diff": ("auc", "auc_")}
+"""Each paired measure of the `budget` object: its name, the per-seed key it differences, the prefix of its tests'
+keys (`p_value`, `p_value_holm`, `leave_one_out` for the accuracy at the budget; `auc_p_value`, ... for the area)."""
+
+
 def budget_summary(runs: dict[str, list[dict]], reference: str, early: float = 0.4) -> dict[str, dict]:
     """The `budget` object of each variant (see the module docstring); `early`: the compute share the
     "reached early" count is taken at."""
     ref_runs = {str(r["seed"]): r for r in runs[reference]}
     out = {}
+    diffs_of: dict[str, dict[str, list[float]]] = {name: {} for name in MEASURES}  # measure -> arm -> diffs
     for v, items in runs.items():
         per_seed = {str(r["seed"]): _seed_budget(r, ref_runs[str(r["seed"])]) for r in items}
         ref_rows = {s: _seed_budget(ref_runs[s], ref_runs[s]) for s in per_seed}
         row: dict = {"unit": "flops", "per_seed": per_seed}
-        for name, key in (("diff_at_budget", "accuracy_at_budget"), ("auc_diff", "auc")):
+        for name, (key, _) in MEASURES.items():
             diffs, complete = _paired({s: p[key] for s, p in per_seed.items()}, {s: p[key] for s, p in ref_rows.items()})
+            if v != reference:
+                diffs_of[name][v] = diffs
             row[f"{name}_mean"] = statistics.mean(diffs) if diffs else None
             row[f"{name}_ci"] = list(paired_interval(diffs)) if v != reference and paired_interval(diffs) else None
             row[f"{name}_sd"] = statistics.stdev(diffs) if len(diffs) > 1 else None
@@ -153,4 +163,9 @@ def budget_summary(runs: dict[str, list[dict]], reference: str, early: float = 0
         row["early_share"] = early
         row["compute_to_target_median"] = statistics.median(reached) if reached else None
         out[v] = row
+    for name, (_, prefix) in MEASURES.items():  # one Holm family per measure: the non-reference arms
+        tests = paired_tests(diffs_of[name])
+        for v, row in out.items():
+            for test in ("p_value", "p_value_holm", "leave_one_out"):
+                row[prefix + test] = tests[v][test] if v in tests else None
     return out

@@ -4,6 +4,10 @@ A comparison has a few seeds (4-8), each run paired with the same seed's referen
 gives one paired difference per seed. What each number means, and why a t-interval from scipy and not a
 bootstrap at this seed count (with the measured coverage): docs/compare.md, "Statistics".
 
+A difference is "shown" (`shown`) only where two tests agree: its 95% t-interval excludes zero, and the exact
+sign-flip test of its mean (`sign_flip_p_value`, no normality assumed), Holm-corrected over the arms of one
+table (`holm`), gives p < 0.05. `leave_one_out` says how much the mean rests on one seed.
+
 A budget curve is `[(compute_share, accuracy), ...]`, sorted by share: held-out accuracy against the compute
 spent so far as a share of the same seed's reference run's whole compute (0 is the starting model, 1 the
 reference's budget).
@@ -11,6 +15,7 @@ reference's budget).
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Sequence
 
@@ -18,12 +23,106 @@ from d3s.app.intervals import FLAT, mean_interval, scipy_stats
 
 Curve = Sequence[tuple[float, float]]  # [(compute_share, accuracy), ...], sorted by share
 
+ALPHA = 0.05
+"""The level of every test: a difference is shown where its Holm-corrected p-value is below it."""
+
+SIGN_FLIP_MAX_SEEDS = 40
+"""The most seeds `sign_flip_p_value` takes: it counts 2^n assignments through two halves of 2^(n/2) sums each
+(about two seconds at 40 seeds); it refuses more."""
+
 
 def paired_interval(diffs: Sequence[float]) -> tuple[float, float] | None:
     """95% t-interval of the mean paired difference (variant - reference, one per seed):
     mean(d) +- t_{0.975, n-1} * stdev(d) / sqrt(n), `scipy.stats.ttest_1samp(d, 0).confidence_interval()`.
     None for fewer than two seeds; (m, m) when every difference is the same (within 1e-12)."""
     return mean_interval(diffs)
+
+
+def sign_flip_p_value(diffs: Sequence[float]) -> float | None:
+    """The exact two-sided paired sign-flip (permutation) p-value of the mean of the paired differences `d`:
+
+        p = #{s in {-1, +1}^n : |mean(s * d)| >= |mean(d)| - 1e-12} / 2^n
+
+    Under the null hypothesis that variant and reference are exchangeable within each seed's pair, each
+    difference is as likely to have either sign, so all 2^n sign assignments are equally likely; p is the share
+    of them whose mean is at least as far from zero as the one observed (the observed assignment, and its
+    mirror, included: p >= 2 / 2^n when any difference is non-zero, so 5 seeds can never give p < 0.0625). The
+    1e-12 slack counts a tie in float noise as a tie. A difference of 0 flips to itself. 1.0 with one seed or
+    every difference 0; None with no seed. Refuses more than `SIGN_FLIP_MAX_SEEDS` seeds.
+
+    Counted exactly without listing the 2^n sums: each is a sum a over the first half's signs plus a sum b over
+    the second half's, and for each a the b with |a + b| >= threshold are found by bisection in the sorted b."""
+    n = len(diffs)
+    if n == 0:
+        return None
+    if n > SIGN_FLIP_MAX_SEEDS:
+        raise ValueError(f"{n} paired differences; the exact sign-flip test counts 2^n sign assignments and "
+                         f"takes at most {SIGN_FLIP_MAX_SEEDS}")
+    threshold = abs(math.fsum(diffs)) - n * FLAT  # |sum| >= threshold  <=>  |mean| >= |observed mean| - 1e-12
+    if threshold <= 0:
+        return 1.0
+    firsts, seconds = _signed_sums(diffs[:n // 2]), sorted(_signed_sums(diffs[n // 2:]))
+    hits = sum(len(seconds) - bisect.bisect_left(seconds, threshold - a)  # a + b >= threshold
+               + bisect.bisect_right(seconds, -threshold - a)  # a + b <= -threshold
+               for a in firsts)
+    return hits / 2 ** n
+
+
+def _signed_sums(values: Sequence[float]) -> list[float]:
+    """The sum of every sign assignment of `values` (2^len of them; [0.0] for none)."""
+    sums = [0.0]
+    for d in values:
+        sums = [x + d for x in sums] + [x - d for x in sums]
+    return sums
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values, in the order given (None stays None and is not counted).
+
+    With the m p-values sorted p_(1) <= ... <= p_(m), the adjusted p-value of the i-th is
+
+        max_{j <= i} min(1, (m - j + 1) * p_(j))
+
+    (step-down: the smallest is multiplied by m, the next by m - 1, ...; the running maximum keeps the order).
+    A hypothesis whose adjusted p-value is below alpha is rejected by Holm's procedure at family-wise error rate
+    alpha, for any dependence between the tests (Holm, 1979)."""
+    known = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    m = len(known)
+    out: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(known):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def leave_one_out(diffs: Sequence[float]) -> tuple[float, float] | None:
+    """(min, max) of the mean paired difference over the n means that leave one seed out: how far one seed moves
+    it. None with fewer than two seeds (with two: the two differences themselves)."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    d = list(diffs)
+    means = [math.fsum(d[:i] + d[i + 1:]) / (n - 1) for i in range(n)]
+    return min(means), max(means)
+
+
+def shown(ci: Sequence[float] | None, p_holm: float | None, alpha: float = ALPHA) -> bool:
+    """Whether a paired difference is shown: its 95% interval excludes zero AND its Holm-corrected sign-flip
+    p-value is below `alpha`. Everything else (no interval, no p-value, one test only) is "not shown"."""
+    if ci is None or p_holm is None:
+        return False
+    return (ci[0] > 0 or ci[1] < 0) and p_holm < alpha
+
+
+def paired_tests(diffs: dict[str, Sequence[float]]) -> dict[str, dict]:
+    """For the arms of one table (`diffs`: each arm's paired differences against the reference, one per seed):
+    `p_value` (`sign_flip_p_value`), `p_value_holm` (`holm` over the arms given) and `leave_one_out`."""
+    p = {arm: sign_flip_p_value(d) for arm, d in diffs.items()}
+    adjusted = dict(zip(p, holm(list(p.values()))))
+    return {arm: {"p_value": p[arm], "p_value_holm": adjusted[arm],
+                  "leave_one_out": list(loo) if (loo := leave_one_out(d)) else None}
+            for arm, d in diffs.items()}
 
 
 def minimum_detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float | None:

@@ -2,11 +2,15 @@
 
 - Final held-out accuracy per variant (the paper's Table 2 at this scale): mean over seeds with a 95%
   t-interval over seeds and the 95% Wilson interval of the pooled held-out answers (`d3s.app.intervals`);
-  the difference to the reference variant (`grpo` if present) with a paired 95% t-interval over seeds.
+  the difference to the reference variant (`grpo` if present) with a paired 95% t-interval over seeds, the
+  exact sign-flip p-value (raw and Holm-corrected over the non-reference arms) and the leave-one-out range.
 - Cost to reach the reference's final accuracy (Table 3): training wall-clock, tokens in the loss and
   training-forward positions computed, at the first held-out evaluation at or above it, per seed; seed by
   seed, that wall-clock and those positions as a share of the same seed's whole reference run, with whether
-  both runs were timed on one machine (`run_config.json`'s `machine`).
+  both runs were timed on one machine (`run_config.json`'s `machine`) and both were quiet (`summary.json`'s
+  `load`: nothing else loaded the machine at start or end; `d3s.app.machine.quiet`). A wall-clock ratio is given
+  only between runs of one machine of which none is known to have been loaded; runs that recorded no load
+  (made before runs did) still get theirs, marked unverified.
 - The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), what
   generation bought (prompts skipped, flat groups generated, generation seconds per group with signal), the
   seconds per step and its timed parts, the code version of every run.
@@ -18,9 +22,9 @@ import statistics
 from pathlib import Path
 
 from d3s.app.compare.budget import budget_summary
-from d3s.app.compare.stats import minimum_detectable_difference
+from d3s.app.compare.stats import minimum_detectable_difference, paired_tests
 from d3s.app.intervals import mean_interval, wilson_interval
-from d3s.app.machine import one_machine, same_machine
+from d3s.app.machine import all_quiet, one_machine, quiet, same_machine
 from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_share, read_run_config,
                               read_run_records, step_seconds, with_computed_tokens)
 
@@ -68,7 +72,7 @@ def _load_run(root: Path, variant: str, seed: int) -> dict:
     records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
     return {"seed": seed, "summary": summary, "records": records,
             "version": _run_version(folder, summary), "recipe_checked": read_run_config(folder)[0] is not None,
-            "machine": _run_machine(folder)}
+            "machine": _run_machine(folder), "load": summary.get("load")}
 
 
 def _seed_row(run: dict, hit: dict | None) -> dict:
@@ -92,6 +96,9 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
         "code_version": run["version"],
         "recipe_checked": run["recipe_checked"],
         "machine": run["machine"],
+        "load_start": ((run["load"] or {}).get("start") or {}).get("load_1min"),
+        "load_end": ((run["load"] or {}).get("end") or {}).get("load_1min"),
+        "quiet": quiet(run["load"]),
     }
 
 
@@ -143,11 +150,13 @@ def _against_reference(run: dict, ref: dict) -> dict | None:
     if hit is None:
         return None
     one = same_machine(run["machine"], ref["machine"])
-    return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] and one else None,
+    calm = all_quiet([run["quiet"], ref["quiet"]])
+    return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] and one and calm is not False
+            else None,
             "computed_share": (hit["computed_tokens"] / ref["computed_tokens"]
                                if hit.get("computed_tokens") is not None and ref["computed_tokens"] else None),
             "flops_share": hit["flops"] / ref["flops"] if hit.get("flops") is not None and ref.get("flops") else None,
-            "same_machine": one}
+            "same_machine": one, "quiet": calm}
 
 
 def summarize(root: Path, variants: list[str], seeds: list[int], reference: str | None = None,
@@ -160,14 +169,22 @@ def summarize(root: Path, variants: list[str], seeds: list[int], reference: str 
     ref_final = {r["seed"]: r["summary"]["after"]["accuracy"] for r in runs[reference]}
     target = statistics.mean(ref_final.values())
     table = {v: _variant_row(items, ref_final, target) for v, items in runs.items()}
+    tests = paired_tests({v: [r["summary"]["after"]["accuracy"] - ref_final[r["seed"]] for r in items]
+                          for v, items in runs.items() if v != reference})  # Holm over the non-reference arms
+    for v, row in table.items():
+        for test in ("p_value", "p_value_holm", "leave_one_out"):
+            row[f"diff_to_reference_{test}"] = tests[v][test] if v in tests else None
     ref = table[reference]
     for row in table.values():
         # wall-clock ratios only between runs of one machine; positions computed do not depend on it
         row["one_machine_with_reference"] = one_machine([p["machine"] for p in row["per_seed"] + ref["per_seed"]])
+        # and only between runs none of which is known to have run on a loaded machine (None: not recorded)
+        row["quiet_with_reference"] = all_quiet([p["quiet"] for p in row["per_seed"] + ref["per_seed"]])
         for kind, key in (("wall", "wall_s_to_target_mean"), ("tokens", "tokens_to_target_mean"),
                           ("computed", "computed_to_target_mean")):
             mine, theirs = row[key], ref[key]
-            comparable = kind != "wall" or row["one_machine_with_reference"]
+            comparable = kind != "wall" or (row["one_machine_with_reference"]
+                                            and row["quiet_with_reference"] is not False)
             row[f"speedup_{kind}"] = theirs / mine if mine and theirs and comparable else None
     ref_runs = {p["seed"]: p for p in ref["per_seed"]}
     for v, row in table.items():
