@@ -122,7 +122,7 @@ def test_summary_tables(tmp_path):
     assert "| d3s | 20.0 | 2.0 | 4.0 | 6.0 | 8.0 | 10.0 | not compared: machine unknown |" in md
     assert "| grpo | 42.0 | - | - | - | - | - | not compared: machine unknown |" in md
     assert "| not compared: machine unknown | 2.00x |" in md  # the cost table: speedup (wall), (computed)
-    assert "| d3s seed 3 | 80.0% | 4.0 min | - | 25.0% | `0.1.0+gdef` |" in md
+    assert "| d3s seed 3 | 80.0% | 4.0 min | - | 25.0% (flat) | `0.1.0+gdef` |" in md
 
 
 def test_generation_columns_and_run_settings(tmp_path):
@@ -287,3 +287,17 @@ def test_a_quiet_pair_gets_its_ratio_and_a_run_without_a_load_record_is_unverifi
     md = render_markdown(summarize(tmp_path, ["grpo", "d3s"], [1]), "d3s compare ...")
     assert "| 2.00x (unverified: no load record) | 2.00x |" in md
     assert "1 of 2 runs recorded no load average" in md
+
+
+def test_steps_without_signal_are_counted_per_run_and_added_up_per_variant():
+    from d3s.app.compare.markdown import _zero_gradient
+    from d3s.app.compare.summary import _sum_counts
+    from d3s.app.runfiles import zero_gradient_steps
+
+    records = [{"type": "train", "step": i + 1, "d3s/zero_gradient": z, "d3s/weights_moved": m,
+                "d3s/optimizer_skipped": k} for i, (z, m, k) in enumerate([(0, 1, 0), (1, 1, 0), (1, 0, 1), (1, 1, 0)])]
+    counts = zero_gradient_steps(records)
+    assert counts == {"steps": 4, "zero_gradient": 3, "moved": 2, "skipped": 1}
+    assert _zero_gradient(counts, 0.5) == "3 of 4 (moved 2, skipped 1)"
+    assert _sum_counts([counts, counts]) == {"steps": 8, "zero_gradient": 6, "moved": 4, "skipped": 2}
+    assert _sum_counts([counts, None]) is None  # a seed without the count: no total

@@ -218,17 +218,29 @@ def _load_text(p: dict) -> str:
     return f"{p['load_start']:.1f} / {p['load_end']:.1f}" + (" (loaded)" if p.get("quiet") is False else "")
 
 
+def _zero_gradient(counts: dict | None, no_signal: float | None) -> str:
+    """'12 of 64 (moved 12, skipped 0)': optimizer steps with a zero gradient, of which the weights still moved and of
+    which the step was skipped; runs made before these were logged: the share of steps whose groups were all flat."""
+    if counts is None:
+        return "-" if no_signal is None else f"{_pct(no_signal)} (flat)"
+    return f"{counts['zero_gradient']} of {counts['steps']} (moved {counts['moved']}, skipped {counts['skipped']})"
+
+
 def _runs(summary: dict) -> list[str]:
     rows = [[f"{v} seed {p['seed']}", _pct(p["final_accuracy"]), _minutes(p["train_wall_s"]),
-             _minutes(p["command_wall_s"]), _pct(p["no_signal_steps"]), f"`{p['code_version']}`",
+             _minutes(p["command_wall_s"]), _zero_gradient(p.get("zero_gradient_steps"), p["no_signal_steps"]),
+             f"`{p['code_version']}`",
              machine_label(p.get("machine")), _load_text(p)]
             for v, row in summary["variants"].items() for p in row["per_seed"]]
     return _section(
         "Runs",
         "Training wall-clock, and the whole `d3s train` command that finished the run (model loading and held-out "
-        "evaluations included; a resumed run: its last part). Load: the machine's 1-minute load average when the "
+        "evaluations included; a resumed run: its last part). Steps without signal: optimizer steps whose gradient "
+        "was exactly zero, of which the weights still moved (Adam's momentum) and of which the step was skipped "
+        "(`skip_steps_without_signal`); runs made before these were counted give the share of steps whose groups "
+        "were all flat. Load: the machine's 1-minute load average when the "
         f"command started and when it ended; 'loaded' above its CPUs + {LOAD_MARGIN} at either.",
-        ["run", "final acc", "training wall-clock", "whole command", "steps with no signal", "code version",
+        ["run", "final acc", "training wall-clock", "whole command", "steps without signal", "code version",
          "machine", "load (start / end)"], rows)
 
 

@@ -26,6 +26,7 @@ from d3s.app.compare.stats import minimum_detectable_difference, paired_tests
 from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.machine import all_quiet, one_machine, quiet, same_machine
 from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_share, read_run_config,
+                              zero_gradient_steps,
                               read_run_records, step_seconds, with_computed_tokens)
 
 
@@ -87,6 +88,7 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
         "computed_tokens": records[-1]["computed_tokens"] if records else None,
         "flops": summary.get("flops"),
         "no_signal_steps": no_signal_share(records),
+        "zero_gradient_steps": zero_gradient_steps(records),
         "generation": generation_summary(records),
         "steps": len(train),
         "step_seconds": step_seconds(records),
@@ -100,6 +102,13 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
         "load_end": ((run["load"] or {}).get("end") or {}).get("load_1min"),
         "quiet": quiet(run["load"]),
     }
+
+
+def _sum_counts(counts: list[dict | None]) -> dict | None:
+    """The seeds' `zero_gradient_steps` added up; None unless every seed recorded them."""
+    if not counts or any(c is None for c in counts):
+        return None
+    return {k: sum(c[k] for c in counts) for k in counts[0]}
 
 
 def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) -> dict:
@@ -129,6 +138,7 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
         "flops_mean": (statistics.mean(p["flops"] for p in per_seed)
                        if all(p["flops"] is not None for p in per_seed) else None),
         "no_signal_share_mean": statistics.mean(shares) if shares else None,
+        "zero_gradient_steps": _sum_counts([p["zero_gradient_steps"] for p in per_seed]),
         "generation_mean": _mean_parts([p["generation"] for p in per_seed], skip_none=True),
         "step_seconds_mean": _mean_parts([p["step_seconds"] for p in per_seed]),
         "seeds_reaching_target": len(reached),
