@@ -13,7 +13,8 @@
 #   bash benchmarks/credit.sh steps         # default task, seeds 21-28: D1S-C and random selection for GRPO's steps
 #   bash benchmarks/credit.sh arith2digit   # arith-2digit, seeds 21-26, the same arms and rates
 #   bash benchmarks/credit.sh flat          # the flat-start task (3 terms of 1 digit), seeds 21-23: the shipped
-#                                           # setting against GRPO at its compute (does it fall below its start?)
+#                                           # setting against GRPO at its compute (does it fall below its start?),
+#                                           # and D1S-C without the recipes' skip_steps_without_signal
 #   bash benchmarks/credit.sh all           # tuning, choose, race, steps, arith2digit, flat
 #
 # D3S=... the command (default .venv/bin/d3s where scripts/setup.sh made it); RESULTS=... the folder of the
@@ -131,8 +132,11 @@ arith2digit() {
         --reference "$(reference)" --config arith-2digit --heldout_size 500 --budget_points 10
 }
 
-flat() {  # the shipped default recipe's setting on the flat-start task, against GRPO at its compute
-    compare_by_seed "$RESULTS/credit-flat" $flat_seeds "$(reference),$(with_rate d1s-c "$(tuned d1s-c)")" \
+flat() {  # the shipped setting on the flat-start task against GRPO at its compute, and without the recipe's step skip
+    local d
+    d=$(tuned d1s-c)
+    compare_by_seed "$RESULTS/credit-flat" $flat_seeds \
+        "$(reference),$(with_rate d1s-c "$d"),$(with_rate d1s-c+skip_steps_without_signal=false "$d")" \
         "${BUDGET[@]}" --reference "$(reference)" "${FLAT_TASK[@]}"
 }
 
