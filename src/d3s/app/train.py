@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from d3s.app.budget import budget_spent, budget_summary, count_compute, run_budget
+from d3s.app.budget import FLOPS_CONVENTION, budget_spent, budget_summary, count_compute, run_budget
 from d3s.app.child_process import stop_with_parent
 from d3s.app.errors import RecipeError, Terminated
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
@@ -195,12 +195,12 @@ def run_train(run: RunArgs, config, recipe: dict | None = None, held: RunLock | 
 def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
     """Fix the logging the records need; returns what `run_config.json` records: the run and trainer settings
     (with the mixed precision the trainer runs, which `precision` settled when the config was built), the
-    recipe, the code version and the machine it is timed on."""
+    recipe, the code version, the machine it is timed on and how it counts its FLOPs (`d3s.app.budget`)."""
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
     trainer = {**config.to_dict(), "mixed_precision": config.mixed_precision}
     accelerator = torch.cuda.get_device_name() if _device(config) == "cuda" else None
     return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "code_version": code_version(),
-            "machine": machine_description(accelerator)}
+            "machine": machine_description(accelerator), "flops_convention": FLOPS_CONVENTION}
 
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
