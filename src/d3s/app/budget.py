@@ -18,7 +18,7 @@ input and output embeddings; SmolLM2-135M: 106.17M) and N_head = d_model x vocab
   trained_head: where a training forward runs it with gradient, 8 N_head per position: the chunked log-prob
   kernel's forward 2, and its backward 6 (it recomputes the logits, then the two gradients).
 
-Left out: attention's scores and values (about 4 n_layers d_attn ctx per position forward, 2-3% of the body's
+Left out: attention's scores and values (about 4 n_layers d_attn ctx per position forward, 2-4% of the body's
 FLOPs at the default recipe's 60-120-token contexts), norms, activations and softmax, and the forward that gradient
 checkpointing recomputes in the backward (a memory-for-compute trade of the recipe; torch stops it early where it
 can, 1.5 N_body per trained position of a Llama layer instead of 2). Held-out evaluations and the
@@ -134,7 +134,7 @@ class Budget:
 
     def __post_init__(self) -> None:
         if not self.flops > 0:
-            raise RecipeError(f"compute_budget={self.flops!r} must be > 0 (estimated model FLOPs)")
+            raise RecipeError(f"compute_budget={self.flops!r} must be > 0 (model FLOPs)")
         bad = [s for s in self.eval_shares if not 0 < s < 1]
         if bad or list(self.eval_shares) != sorted(set(self.eval_shares)):
             raise RecipeError(f"budget_eval_shares={','.join(map(str, self.eval_shares))}: give increasing shares "

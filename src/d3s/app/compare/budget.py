@@ -2,7 +2,7 @@
 
 The reference variant (`--reference`, grpo by default) runs its recipe, with `--budget_points` held-out
 evaluations spread evenly over its steps. Every other variant, same seed, then trains until it has spent the
-reference run's estimated model FLOPs (`d3s train --compute_budget`, `d3s.app.budget`), with its learning rate
+reference run's model FLOPs (`d3s train --compute_budget`, `d3s.app.budget`), with its learning rate
 and N/K schedule over the share of that budget spent, and is evaluated where the reference was: at the same
 shares of the compute. Its steps are capped at `STEP_CAP` times the reference's (a run that hits the cap first
 says so: `stopped_by: max_steps`). A reference whose FLOPs are in another convention than this d3s counts

@@ -61,7 +61,7 @@ class CompareArgs:
     output_dir: str = field(default="runs/compare", metadata={"help": "folder of all runs"})
     budget: str | None = field(default=None, metadata={
         "help": "'reference': compute-matched; the reference variant runs its recipe and every other variant, same "
-                "seed, trains until it has spent the same estimated model FLOPs, evaluated at the same compute "
+                "seed, trains until it has spent the same model FLOPs, evaluated at the same compute "
                 "shares (docs/compare.md). Default: every variant runs the same steps"})
     reference: str | None = field(default=None, metadata={
         "help": "the variant the others are paired with (default: grpo if listed, else the first)"})
