@@ -10,7 +10,9 @@ heads, intermediate 1536, vocabulary 49152, tied embeddings) with 2 of its 30 la
   batched product is not counted either.
 
 Each layer counts alike, so two layers check the per-layer count; the 30-layer shapes are checked on the meta
-device, and against the embedded model's GGUF metadata where that package is installed.
+device, and against the embedded model's GGUF metadata where that package is installed. Last, the trainer's totals
+for TRL's own scoring passes (once per generation batch, however many updates use it). A whole `d3s train` run's
+records against hooks on every linear layer: `tests/test_budget.py`.
 """
 
 from __future__ import annotations
@@ -235,3 +237,22 @@ def test_trls_fused_head_scores_the_labelled_positions():
     labels[:, :-logits_to_keep] = -100
     assert labelled_positions(attention_mask, logits_to_keep) == int((labels[:, 1:] != -100).sum()) \
         == int(completion_mask.sum())
+
+
+def test_trls_own_passes_count_once_per_generation_batch(tmp_path):
+    """Plain GRPO with two updates per generation and a reference: TRL scores the generation batch's 16 rows once
+    with the old policy and once with the reference (CountedPasses), and trains on them twice (4 micro-batches of
+    8): as many scoring positions as training ones, body and head. The generation of the tests' `rollout_func` is
+    counted unpadded."""
+    from trl_tiny import run_training, step_logs
+
+    from d3s.integrations.trl import D3SConfig, D3SGRPOTrainer
+
+    run = run_training(D3SGRPOTrainer, D3SConfig, tmp_path, variant="grpo", beta=0.04, num_iterations=2, max_steps=2,
+                       kl_log_every=0, per_device_train_batch_size=8, gradient_accumulation_steps=2)
+    totals = run.d3s_positions.totals
+    assert totals["no_grad"] == totals["trained"] > 0
+    assert totals["no_grad_head"] == totals["trained_head"] > 0
+    completions = 16 * step_logs(run)[0]["completions/mean_length"]
+    assert totals["trained_head"] == pytest.approx(2 * completions)  # TRL's head: every completion token, twice
+    assert totals["decode"] == pytest.approx(completions - 16) and totals["generation_head"] == totals["decode"] + 16
