@@ -172,6 +172,22 @@ def test_an_unfinished_run_whose_run_config_lacks_its_settings_is_refused(full_r
     unchanged_but_lock(out, before)
 
 
+def test_an_unfinished_run_of_another_flops_convention_is_refused(full_run, tmp_path, capsys):
+    """A run begun before FLOPs recorded their convention (`estimate-v1`, docs/compare.md) is not continued from a
+    checkpoint: its records would hold two conventions."""
+    out = unfinished(full_run, tmp_path / "run")
+    (out / LOCK_NAME).touch()
+    config = json.loads((out / "run_config.json").read_text())
+    del config["flops_convention"]
+    (out / "run_config.json").write_text(json.dumps(config))
+    before = snapshot(out)
+    assert train(out, "--resume", "true") == 2
+    assert one_line(capsys) == (f"d3s train: error: {out} counted its FLOPs as estimate-v1 and this d3s counts them as "
+                                "computed-v2 (docs/compare.md); a run's records hold one convention: finish it with "
+                                "the d3s that started it, or start a new run in another --output_dir")
+    unchanged_but_lock(out, before)
+
+
 def test_compare_resumes_a_run_whose_summary_lacks_its_fields(full_run, tmp_path, capfd):
     """`d3s compare` does not reuse it (it used to fail with `KeyError: 'after'`): the run writes it again."""
     root = tmp_path / "cmp"

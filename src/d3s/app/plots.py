@@ -151,7 +151,7 @@ def plot_budget(summary: dict, out: Path, title: str = "", grid_points: int = 10
     acc.set_title("held-out accuracy", fontsize=10)
     diff.set_title(f"difference to {reference}, same seed (points)", fontsize=10)
     for ax in (acc, diff):
-        ax.set_xlabel(f"compute spent (share of the same seed's {reference} run's estimated FLOPs)", fontsize=8)
+        ax.set_xlabel(f"compute spent (share of the same seed's {reference} run's FLOPs)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

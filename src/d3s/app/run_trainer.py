@@ -33,7 +33,7 @@ from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
 from d3s.app import below_start
-from d3s.app.budget import Budget, budget_lr_scheduler, budget_spent, estimated_flops
+from d3s.app.budget import RECORD_COUNTS, Budget, ModelShape, budget_lr_scheduler, budget_spent, computed_flops
 from d3s.app.runfolder import STAGING_NAME, UnloadableCheckpoint, publish_folder
 from d3s.integrations.private_api import ATTRIBUTE, NAME
 from d3s.integrations.trl import D3SGRPOTrainer
@@ -156,16 +156,14 @@ class RunTrainer(D3SGRPOTrainer):
     _d3s_staging: str | None = None
     d3s_resume_point: dict | None = None
     d3s_saved_step: int | None = None
-    # Under a compute budget (`d3s.app.budget`): the budget, N, and the FLOPs spent when the current step began
+    # The compute (`d3s.app.budget`): the model's shape, the budget, and the FLOPs spent when the current step began
     d3s_budget: Budget | None = None
-    d3s_n_params: int = 0
+    d3s_shape: ModelShape | None = None
     d3s_step_start_flops: float = 0.0
 
     def d3s_flops(self) -> float:
-        """Estimated model FLOPs spent so far (`d3s.app.budget`), from the live position counts."""
-        positions = self.d3s_positions
-        return estimated_flops(self.d3s_n_params, self.state.num_input_tokens_seen, positions.trained,
-                               positions.no_grad)
+        """Model FLOPs spent so far (`d3s.app.budget.computed_flops`), from the live position counts."""
+        return computed_flops(self.d3s_shape, self.d3s_positions.totals)
 
     def d3s_progress(self) -> float:
         """Under a compute budget, the share of it spent before this step; otherwise the share of the steps."""
@@ -290,7 +288,7 @@ class RunTrainer(D3SGRPOTrainer):
             # counters the next step advances before it finishes
             "num_input_tokens_seen": self.state.num_input_tokens_seen,
             "total_flos": self.state.total_flos + self.current_flos,
-            "positions": (self.d3s_positions.trained, self.d3s_positions.no_grad),
+            "positions": self.d3s_positions.snapshot(),
         }
 
     def d3s_rewind_to_resume_point(self) -> None:
@@ -299,7 +297,7 @@ class RunTrainer(D3SGRPOTrainer):
         set_rng_states(point["rng"])
         self.state.num_input_tokens_seen = point["num_input_tokens_seen"]
         self.state.total_flos, self.current_flos = point["total_flos"], 0
-        self.d3s_positions.trained, self.d3s_positions.no_grad = point["positions"]
+        self.d3s_positions.restore(point["positions"])
 
 
 class RunCallback(TrainerCallback):
@@ -366,8 +364,10 @@ class RunCallback(TrainerCallback):
                   "trained_tokens": self.trained_tokens, "generated_tokens": self.generated_tokens,
                   "computed_tokens": self.computed_tokens, "no_grad_tokens": self.no_grad_tokens,
                   **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-        if self.trainer is not None and self.trainer.d3s_n_params:
+        if self.trainer is not None and self.trainer.d3s_shape is not None:
             record["flops"] = self.trainer.d3s_flops()
+            totals = self.trainer.d3s_positions.totals  # the running counts the FLOPs are read from
+            record.update({field: totals[name] for name, field in RECORD_COUNTS.items() if field not in record})
         if self.trainer is not None:
             record["prompt_hashes"] = list(self.trainer.d3s_prompt_hashes)  # the step's distinct prompts, in order
         self.run_log.add(record)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from d3s.app.budget import FLOPS_CONVENTION
 from d3s.app.errors import RunFolderError
 
 
@@ -415,6 +416,7 @@ def run_summary(run, config, steps: int, heldout_size: int, before: dict | None,
         "generated_tokens": last_train.get("generated_tokens"),
         "computed_tokens": last_train.get("computed_tokens"),
         "flops": last_train.get("flops"),
+        "flops_convention": FLOPS_CONVENTION,
         "budget": budget,
         "no_signal_steps": no_signal_share(run_log.records),
         "zero_gradient_steps": zero_gradient_steps(run_log.records),

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from d3s.app.budget import budget_spent, budget_summary, count_compute, run_budget
+from d3s.app.budget import FLOPS_CONVENTION, budget_spent, budget_summary, count_compute, run_budget
 from d3s.app.child_process import stop_with_parent
 from d3s.app.errors import RecipeError, Terminated
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
@@ -198,14 +198,15 @@ def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, A
     (with the mixed precision the trainer runs, which `precision` settled when the config was built), the
     recipe, what the recipe or the command line adds to the named variant (`variant`: `d3s` on the default recipe is
     D3S with a floor of 4 tokens per kept rollout, not the paper's D3S), the code version, the machine it is timed
-    on and that machine's load as the run starts (`d3s.app.machine.machine_load`; `summary.json` adds the load at the
-    end)."""
+    on, that machine's load as the run starts (`d3s.app.machine.machine_load`; `summary.json` adds the load at the
+    end) and how it counts its FLOPs (`d3s.app.budget`)."""
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
     trainer = {**config.to_dict(), "mixed_precision": config.mixed_precision}
     accelerator = torch.cuda.get_device_name() if _device(config) == "cuda" else None
     variant = {"name": config.variant, "added": variant_additions(config, recipe)}
     return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "variant": variant,
-            "code_version": code_version(), "machine": machine_description(accelerator), "load_start": machine_load()}
+            "code_version": code_version(), "machine": machine_description(accelerator), "load_start": machine_load(),
+            "flops_convention": FLOPS_CONVENTION}
 
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,

@@ -2,10 +2,11 @@
 
 The reference variant (`--reference`, grpo by default) runs its recipe, with `--budget_points` held-out
 evaluations spread evenly over its steps. Every other variant, same seed, then trains until it has spent the
-reference run's estimated model FLOPs (`d3s train --compute_budget`, `d3s.app.budget`), with its learning rate
+reference run's model FLOPs (`d3s train --compute_budget`, `d3s.app.budget`), with its learning rate
 and N/K schedule over the share of that budget spent, and is evaluated where the reference was: at the same
 shares of the compute. Its steps are capped at `STEP_CAP` times the reference's (a run that hits the cap first
-says so: `stopped_by: max_steps`).
+says so: `stopped_by: max_steps`). A reference whose FLOPs are in another convention than this d3s counts
+(`d3s.app.budget.flops_convention`) cannot budget a run still to train; finished runs are tabled as they are.
 
 The summary (`budget_summary`, the `budget` object of each variant in `compare.json`) is per seed: held-out
 accuracy at the budget, the area under accuracy against the compute share (the mean accuracy over the budget),
@@ -22,6 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from d3s.app.budget import FLOPS_CONVENTION, flops_convention
 from d3s.app.compare.stats import (area_under_curve, minimum_detectable_difference, paired_interval,
                                    paired_tests, probability_of_improvement, reached_and_held)
 from d3s.app.errors import RecipeError
@@ -75,14 +77,21 @@ def reference_argv(max_steps: int, points: int) -> list[str]:
     return ["--eval_every", str(max(1, max_steps // points))]
 
 
-def budget_argv(reference_run: Path) -> list[str]:
+def budget_argv(reference_run: Path, to_train: bool = True) -> list[str]:
     """The `d3s train` options of a run on the compute of the finished `reference_run`: its FLOPs as the budget,
-    evaluations at the compute shares where it was evaluated, a cap of `STEP_CAP` times its steps."""
+    evaluations at the compute shares where it was evaluated, a cap of `STEP_CAP` times its steps. `to_train`: the
+    run is still to train (not a finished one reused, whose options are only compared with its recipe), so the
+    reference's FLOPs must be in this d3s's convention."""
     summary = finished_summary(reference_run)
     flops = summary.get("flops")
     if not flops:
         raise RecipeError(f"{reference_run} records no FLOPs (a run made before they were counted); run the "
                           "reference again in another --output_dir")
+    counted = flops_convention(summary)
+    if to_train and counted != FLOPS_CONVENTION:
+        raise RecipeError(f"{reference_run} counted its FLOPs as {counted} and this d3s counts {FLOPS_CONVENTION} "
+                          "(docs/compare.md), so its compute cannot budget a new run; run the reference again in "
+                          "another --output_dir")
     steps = summary["steps"]
     evals = [r for r in _records(reference_run) if r["type"] == "eval" and 0 < r["step"] < steps]
     shares = sorted({round(r["flops"] / flops, 6) for r in evals if r.get("flops") is not None} - {0.0, 1.0})

@@ -61,7 +61,7 @@ class CompareArgs:
     output_dir: str = field(default="runs/compare", metadata={"help": "folder of all runs"})
     budget: str | None = field(default=None, metadata={
         "help": "'reference': compute-matched; the reference variant runs its recipe and every other variant, same "
-                "seed, trains until it has spent the same estimated model FLOPs, evaluated at the same compute "
+                "seed, trains until it has spent the same model FLOPs, evaluated at the same compute "
                 "shares (docs/compare.md). Default: every variant runs the same steps"})
     reference: str | None = field(default=None, metadata={
         "help": "the variant the others are paired with (default: grpo if listed, else the first)"})
@@ -204,16 +204,18 @@ def _without(argv: Sequence[str], name: str) -> list[str]:
 
 
 def _budget_plan(args: CompareArgs, reference: str, train_argv: list[str]):
-    """`per_run(variant, reference run folder) -> d3s train options` of this command's runs."""
+    """`per_run(variant, reference run folder, to_train) -> d3s train options` of this command's runs (`to_train`:
+    the run is not a finished one that is reused)."""
     if args.budget is None:
-        return lambda variant, ref_folder: train_argv
+        return lambda variant, ref_folder, to_train: train_argv
     _, config, _ = parse_train_args([*train_argv, *run_setting(reference)])
     if config.max_steps < 1:
         raise RecipeError(f"--budget reference needs the reference's max_steps >= 1 (it is {config.max_steps}); the "
                           "others train on its compute")
     ref_argv = [*_without(train_argv, "eval_every"), *reference_argv(config.max_steps, args.budget_points)]
     others = _without(train_argv, "max_steps")
-    return lambda variant, ref_folder: ref_argv if variant == reference else [*others, *budget_argv(ref_folder)]
+    return lambda variant, ref_folder, to_train: (ref_argv if variant == reference
+                                                  else [*others, *budget_argv(ref_folder, to_train)])
 
 
 def refuse_mixed_machines(summary: dict) -> None:
@@ -271,7 +273,8 @@ def cmd_compare(argv: Sequence[str]) -> int:
         raise RecipeError(f"--output_dir {str(root)!r} cannot be written ({err.strerror})") from None
     for seed in seeds:  # seeds outermost: a partial comparison already covers every variant
         for v in [reference, *(v for v in variants if v != reference)]:  # the reference first: its compute
-            run_one(root, v, seed, per_run(v, run_dir(root, reference, seed)), args.keep_checkpoints)
+            to_train = read_summary(run_dir(root, v, seed))[0] is None
+            run_one(root, v, seed, per_run(v, run_dir(root, reference, seed), to_train), args.keep_checkpoints)
     summary = summarize(root, variants, seeds, reference=reference, budget=args.budget is not None)
     if args.wall_clock_ratios:
         refuse_mixed_machines(summary)

@@ -1,6 +1,7 @@
 """`compare.md`: the summary of `d3s compare` (`d3s.app.compare.summary`) as markdown tables, one section
 per question: final accuracy, cost to reach the reference's accuracy (over seeds, then seed by seed), where a
-step's time goes, what generation bought, the runs and the machines they were timed on.
+step's time goes, what generation bought, the runs and the machines they were timed on; which FLOP convention
+the numbers are in.
 
 A wall-clock ratio is given only between runs timed on one machine of which none is known to have run on a
 loaded machine (`d3s.app.machine.quiet`); where one did, the table says which and with what load. A ratio
@@ -8,6 +9,7 @@ between runs that recorded no load is given, marked unverified."""
 
 from __future__ import annotations
 
+from d3s.app.budget import FLOPS_CONVENTIONS
 from d3s.app.compare.stats import shown
 from d3s.app.machine import LOAD_MARGIN, machine_label, one_machine, wall_not_compared
 
@@ -163,7 +165,7 @@ def _cost_per_seed(summary: dict) -> list[str]:
     return _section(
         f"Cost to reach {ref}'s final accuracy, seed by seed",
         f"Each run's training wall-clock and positions computed to the target, as a share of the same seed's whole "
-        f"{ref} run (FLOPs: estimated model FLOPs, generation included; docs/compare.md). A wall-clock share "
+        f"{ref} run (FLOPs: {_flops_unit(summary)}, generation included; docs/compare.md). A wall-clock share "
         "compares two timings: it is given only when both runs were timed on one machine (as recorded with each run: "
         "CPU vendor, model, family, stepping, flags, logical CPUs) and neither ran loaded (its load average at start "
         "or end above its CPUs + 0.5); positions computed do not depend on the machine.",
@@ -244,13 +246,28 @@ def _runs(summary: dict) -> list[str]:
          "machine", "load (start / end)"], rows)
 
 
+def _flops_unit(summary: dict) -> str:
+    """The convention of the comparison's FLOPs, by name (`d3s.app.budget.FLOPS_CONVENTIONS`)."""
+    name = summary.get("flops_convention")
+    return f"`{name}`" if name in FLOPS_CONVENTIONS else "in more than one convention, see below"
+
+
 def _notes(summary: dict) -> list[str]:
-    """The base model's accuracy, the code versions, the machines and their load, and runs whose recipe could not be
+    """The base model's accuracy, the FLOP convention, the code versions, the machines and their load, and runs whose
+    recipe could not be
     checked."""
     lines = []
     base = next((r["base_accuracy"] for r in summary["variants"].values() if r["base_accuracy"] is not None), None)
     if base is not None:
         lines += ["", f"Base model (before training): {base:.1%} held-out accuracy."]
+    name = summary.get("flops_convention")
+    if name in FLOPS_CONVENTIONS:
+        lines += ["", f"FLOPs are `{name}`: {FLOPS_CONVENTIONS[name]} (docs/compare.md)."]
+    elif name is not None:
+        lines += ["", "**The runs counted their FLOPs in different conventions** (docs/compare.md); a FLOP share is "
+                      "given only between runs of one convention. Per run:", ""]
+        for v, row in summary["variants"].items():
+            lines.append(f"- {v}: " + ", ".join(f"seed {p['seed']} `{p['flops_convention']}`" for p in row["per_seed"]))
     versions = summary["code_versions"]
     lines += ["", "Code version of the runs: " + ", ".join(f"`{v}`" for v in versions) + "."]
     if len(versions) > 1:
@@ -322,7 +339,8 @@ def _budget(summary: dict) -> list[str]:
     n = len(summary["seeds"])
     table = _section(
         f"At {ref}'s compute (the headline)",
-        f"Every variant trained on the estimated model FLOPs of the same seed's {ref} run (docs/compare.md), its "
+        f"Every variant trained on the FLOPs ({_flops_unit(summary)}) of the same seed's {ref} run "
+        "(docs/compare.md), its "
         "learning rate and N/K schedule over the share of them spent, evaluated at the same compute shares. Paired "
         f"by seed against {ref}, in points: the mean difference with its 95% t-interval over {n} seeds, the exact "
         "sign-flip p-value of the mean (p) and that p Holm-corrected over the variants of this table (Holm p), "

@@ -14,6 +14,8 @@
 - The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), what
   generation bought (prompts skipped, flat groups generated, generation seconds per group with signal), the
   seconds per step and its timed parts, the code version of every run.
+- The convention the runs' FLOPs are in (`flops_convention`: one of `d3s.app.budget.FLOPS_CONVENTIONS`, or
+  "mixed"); a FLOP share is given only between two runs of one convention.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from d3s.app.budget import flops_convention
 from d3s.app.compare.budget import budget_summary
 from d3s.app.compare.stats import minimum_detectable_difference, paired_tests
 from d3s.app.intervals import mean_interval, wilson_interval
@@ -87,6 +90,7 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
         "trained_tokens": summary["trained_tokens"],
         "computed_tokens": records[-1]["computed_tokens"] if records else None,
         "flops": summary.get("flops"),
+        "flops_convention": flops_convention(summary),
         "no_signal_steps": no_signal_share(records),
         "zero_gradient_steps": zero_gradient_steps(records),
         "generation": generation_summary(records),
@@ -155,17 +159,19 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
 def _against_reference(run: dict, ref: dict) -> dict | None:
     """A run's cost to the target as a share of the same seed's whole reference run: training wall-clock and
     positions computed, and whether both were timed on one machine (`d3s.app.machine.same_machine`: the wall-clock
-    share only when they were). None when the run never reached it."""
+    share only when they were); the FLOP share only when both counted FLOPs in one convention. None when the run
+    never reached it."""
     hit = run["to_target"]
     if hit is None:
         return None
     one = same_machine(run["machine"], ref["machine"])
     calm = all_quiet([run["quiet"], ref["quiet"]])
+    flops = run["flops_convention"] == ref["flops_convention"] and hit.get("flops") is not None and ref.get("flops")
     return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] and one and calm is not False
             else None,
             "computed_share": (hit["computed_tokens"] / ref["computed_tokens"]
                                if hit.get("computed_tokens") is not None and ref["computed_tokens"] else None),
-            "flops_share": hit["flops"] / ref["flops"] if hit.get("flops") is not None and ref.get("flops") else None,
+            "flops_share": hit["flops"] / ref["flops"] if flops else None,
             "same_machine": one, "quiet": calm}
 
 
@@ -205,5 +211,7 @@ def summarize(root: Path, variants: list[str], seeds: list[int], reference: str 
         for v, row in budget_summary(runs, reference).items():
             table[v]["budget"] = row
     versions = sorted({p["code_version"] for row in table.values() for p in row["per_seed"]})
-    return {"reference": reference, "mode": "budget" if budget else "steps", "target_accuracy": target, "seeds": seeds, "variants": table,
-            "code_versions": versions}
+    conventions = {p["flops_convention"] for row in table.values() for p in row["per_seed"]}
+    return {"reference": reference, "mode": "budget" if budget else "steps", "target_accuracy": target, "seeds": seeds,
+            "variants": table, "code_versions": versions,
+            "flops_convention": conventions.pop() if len(conventions) == 1 else "mixed"}

@@ -63,7 +63,7 @@ PRIVATE_TRL_API = {
     # overridden to keep the prompt history (prompt_skip) in checkpoints, as TRL keeps its entropy controller's
     "GRPOTrainer._save_checkpoint": "(self, model, trial)",
     "GRPOTrainer._load_optimizer_and_scheduler": "(self, checkpoint)",
-    # replaced on the instance while TRL generates (generation.DeferredPasses)
+    # replaced on the instance while TRL generates (generation.DeferredPasses, generation.CountedPasses)
     "GRPOTrainer._get_per_token_logps_and_entropies": (
         "(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, "
         "compute_aux_loss=False, pixel_values=None, image_grid_thw=None, num_images=None, "
@@ -87,6 +87,11 @@ PRIVATE_TRL_API = {
     "GRPOTrainer.generation_config": ATTRIBUTE,
     "GRPOTrainer.generation_kwargs": ATTRIBUTE,
     "GRPOTrainer.eos_token_ids": ATTRIBUTE,
+    # read by generation.turn_positions (what TRL's own generation computed)
+    "GRPOTrainer.pad_to_multiple_of": ATTRIBUTE,
+    "GRPOTrainer.use_transformers_continuous_batching": ATTRIBUTE,
+    # replaced on the instance by a wrapper that counts what it generates (generation.counted_rollout_func)
+    "GRPOTrainer.rollout_func": ATTRIBUTE,
     # module-level names imported
     "trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE": NAME,
     "trl.trainer.utils.maybe_gather_lm_head_ctx": "(*params)",
