@@ -42,21 +42,28 @@ SMALL_G="num_generations=4+per_device_train_batch_size=8"
 rate() { python3 -c "import sys; print(repr(float(sys.argv[1]) * float(sys.argv[2])))" "$LR" "$1"; }
 with_rate() { if [ "$2" = "$LR" ] || [ "$(rate 1)" = "$2" ]; then echo "$1"; else echo "$1+learning_rate=$2"; fi; }
 
+commit_path() {  # path message: commit that path alone; another git command holding the index is waited for,
+    local try  # and a commit that still fails is said, never the end of the campaign
+    for try in 1 2 3 4 5; do
+        if git add -- "$1" && git commit -q -m "$2" -- "$1"; then return 0; fi
+        sleep 5
+    done
+    echo "credit.sh: could not commit $1; commit it by hand" >&2
+}
+
 commit_runs() {  # folder: commit every finished run of it not yet committed, each by itself
     [ "$COMMIT" = 1 ] || return 0
-    local run
+    local run extra
     for run in "$1"/*/; do
         run=${run%/}
         [ -f "$run/summary.json" ] || continue
-        if [ -n "$(git status --porcelain -- "$run")" ]; then
-            git add -- "$run" && git commit -q -m "credit, $(basename "$1"): $(basename "$run")" -- "$run"
-        fi
+        [ -z "$(git status --porcelain -- "$run")" ] || commit_path "$run" "credit, $(basename "$1"): $(basename "$run")"
     done
-    for extra in "$1"/lscpu*.txt "$1"/compare.md "$1"/compare.json; do
-        if [ -f "$extra" ] && [ -n "$(git status --porcelain -- "$extra")" ]; then
-            git add -- "$extra" && git commit -q -m "credit, $(basename "$1"): $(basename "$extra")" -- "$extra"
-        fi
+    for extra in "$1"/lscpu*.txt "$1"/compare.md "$1"/compare.json "$1"/*.png; do
+        [ -f "$extra" ] && [ -n "$(git status --porcelain -- "$extra")" ] && \
+            commit_path "$extra" "credit, $(basename "$1"): $(basename "$extra")"
     done
+    return 0
 }
 
 lscpu_record() {  # folder: this machine's lscpu beside the runs (lscpu.txt, or lscpu-<family>-<model>.txt)
