@@ -19,7 +19,7 @@
 #
 # D3S=... the command (default .venv/bin/d3s where scripts/setup.sh made it); RESULTS=... the folder of the
 # campaigns (default benchmarks/results); COMMIT=0 leaves the runs uncommitted. The rule the race decides by is
-# benchmarks/results/credit-race-default/RULE.md, committed before the race's first run.
+# benchmarks/results/credit-rule.md, committed before the race's first run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/d3s ]; then D3S=${D3S:-.venv/bin/d3s}; else D3S=${D3S:-d3s}; fi
@@ -80,9 +80,9 @@ lscpu_record() {  # folder: this machine's lscpu beside the runs (lscpu.txt, or 
 compare_by_seed() {  # folder seeds variants [options...]: one d3s compare per seed, its runs committed after it
     local folder=$1 seeds=$2 variants=$3 s
     shift 3
-    lscpu_record "$folder"
     for s in ${seeds//,/ }; do
         $D3S compare "$@" --variants "$variants" --seeds "$s" "${COMMON[@]}" --output_dir "$folder"
+        lscpu_record "$folder"  # after the first compare: d3s compare claims only an empty folder or its own
         commit_runs "$folder"
     done
     $D3S compare "$@" --variants "$variants" --seeds "$seeds" "${COMMON[@]}" --output_dir "$folder" --plots true
