@@ -13,7 +13,7 @@ import pytest
 
 from d3s import cli
 from d3s.app.budget import FLOPS_CONVENTION, LEGACY_FLOPS_CONVENTION
-from d3s.app.compare.budget import budget_argv, budget_summary, curve
+from d3s.app.compare.budget import STEP_CAP, budget_argv, budget_summary, curve
 from d3s.app.compare.command import refuse_mixed_machines
 from d3s.app.compare.markdown import _budget
 from d3s.app.compare.markdown import render_markdown
@@ -140,7 +140,7 @@ def test_a_budgeted_comparison_trains_every_variant_on_the_reference_compute(tmp
     assert [r["step"] for r in _records(ref) if r["type"] == "eval"] == [0, 1, 2, 3, 4]  # every 4 // 4 steps
     config = json.loads((run / "run_config.json").read_text())
     assert config["run"]["compute_budget"] == ref_summary["flops"]
-    assert config["trainer"]["max_steps"] == 8 * 4
+    assert config["trainer"]["max_steps"] == STEP_CAP * 4
     shares = [float(s) for s in config["run"]["budget_eval_shares"].split(",")]
     ref_evals = [r["flops"] / ref_summary["flops"] for r in _records(ref) if r["type"] == "eval" and 0 < r["step"] < 4]
     assert shares == pytest.approx(ref_evals, abs=1e-6)
