@@ -418,30 +418,43 @@ def test_a_run_file_that_cannot_be_written_stops_the_run_in_one_line(full_run, t
     assert_same_run(out, full_run)
 
 
-@pytest.mark.parametrize("error", [
-    RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: file "
-                 "write failed"),  # torch.save on a full disk
-    OSError(errno.ENOSPC, "No space left on device"),
-])
-def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(full_run, tmp_path, monkeypatch, capfd, error):
+def _safetensors_full():
+    from safetensors import SafetensorError
+
+    return SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("writer,error,reason", [
+    ("torch.save", RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
+                                "data/0: file write failed"), "file write failed"),
+    ("torch.save", RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),
+     "file write failed"),  # what torch.save says on a full tmpfs
+    ("torch.save", OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
+    ("safetensors", _safetensors_full(), "No space left on device"),  # the weights, on a full tmpfs
+], ids=["torch-stream-writer", "torch-unexpected-pos", "enospc", "safetensors"])
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(full_run, tmp_path, monkeypatch, capfd, writer,
+                                                                       error, reason):
     """A full disk while checkpoint-2 is written: one line, no traceback, no second try; then the same command
     (with --resume true) ends in the uninterrupted run."""
     import torch
+    from transformers import modeling_utils
 
     out = tmp_path / "run"
-    save = torch.save
+    module, name = (torch, "save") if writer == "torch.save" else (modeling_utils, "safe_save_file")
+    save, tries = getattr(module, name), []
 
     def failing_save(obj, f, *args, **kwargs):
         if "checkpoint-2" in str(f):
+            tries.append(str(f))
             raise error
         return save(obj, f, *args, **kwargs)
 
     with monkeypatch.context() as mp:
-        mp.setattr(torch, "save", failing_save)
+        mp.setattr(module, name, failing_save)
         assert train(out) == 1
     err = capfd.readouterr().err
     assert "Traceback" not in err, err[-3000:]
-    reason = "file write failed" if isinstance(error, RuntimeError) else "No space left on device"
+    assert len(tries) == 1, tries  # no second try at saving on a full disk
     assert lines(err)[-1] == (f"d3s train: stopped: a checkpoint cannot be written ({reason}) after step 2; no step "
                               "was saved; run the same command again to start over"), lines(err)[-3:]
     assert train(out, "--resume", "true") == 0

@@ -57,7 +57,8 @@ from d3s.app.plots import plot_run
 from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, train_device
 from d3s.app.resume import settle_resume
 from d3s.app.run_args import RunArgs
-from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary, write_failure
+from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary, write_failure, \
+    writing
 from d3s.app.runfolder import RunLock, UnloadableCheckpoint, claim_folder, code_version, complete_checkpoints, \
     lock_existing_run
 from d3s.app.tasks import TaskData, build_task, prompt_messages
@@ -346,7 +347,8 @@ def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, r
     else:
         _say(f"held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...")
         before = evaluate()
-        cached.parent.mkdir(parents=True, exist_ok=True)
+        with writing(cached):
+            cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cached, json.dumps(before))
     run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
                  "computed_tokens": 0.0, "flops": 0.0, **{k: v for k, v in before.items() if k != "examples"}})
@@ -391,11 +393,9 @@ def _final_evaluation(trainer, callback, run_log: RunLog, out: Path, run: RunArg
 
 def _finish(run: RunArgs, config, out: Path, summary: dict, main_process: bool) -> None:
     """Plots, then `summary.json` (last: it marks the run finished), then the result in one line."""
-    if run.plots and main_process:
-        try:
+    if run.plots and main_process:  # written atomically; a full disk is one line naming it
+        with writing(out / "training.png"):
             plot_run(out / "metrics.jsonl", out / "training.png", title=f"{summary['variant']} (seed {config.seed})")
-        except OSError as err:  # a full disk, a read-only folder
-            raise RunFileError(out / "training.png", err) from None
     if main_process:
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     b, a = summary["before"], summary["after"]

@@ -27,6 +27,7 @@ from typing import Any, Callable, Literal, Sequence, get_args
 
 from d3s.app.errors import UsageError
 from d3s.app.models import resolve_model
+from d3s.app.runfiles import atomic_write_text
 from d3s.app.scoring import score_job
 
 from .aggregate import average_metrics, benchmark_metrics
@@ -378,7 +379,7 @@ def run_eval(
                 file=sys.stderr,
             )
     write_json(out_dir / "results.json", results)
-    (out_dir / "results.md").write_text(render_report(results), encoding="utf-8")
+    atomic_write_text(out_dir / "results.md", render_report(results))
     return results
 
 
