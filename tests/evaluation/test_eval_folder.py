@@ -1,13 +1,16 @@
-"""The output folder of `d3s eval`: a full disk is one line and the same command finishes the evaluation."""
+"""The output folder of `d3s eval`: its own (never a run's, a comparison's or another program's), held with a lock
+while it runs; a full disk is one line and the same command finishes the evaluation."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from d3s.app.cli import main
+from d3s.app.evaluation.runner import claim_eval_folder
 from run_helpers import full_disk  # noqa: E402  (tests/, beside the run tests)
 
 
@@ -36,3 +39,60 @@ def test_a_full_disk_is_one_line_and_the_same_command_finishes(tiny_model, tmp_p
     results = json.loads((out / "results.json").read_text())
     assert results["benchmarks"]["arith"]["num_problems"] == 3
     assert (out / "results.md").read_text().strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder is the evaluation's own: never a run's, a comparison's or anyone else's
+# ---------------------------------------------------------------------------------------------
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _train_run(out: Path) -> None:
+    out.mkdir()
+    (out / "run_config.json").write_text(json.dumps({"run": {}, "trainer": {}}))
+    (out / "metrics.jsonl").write_text('{"type": "train", "step": 1}\n')
+
+
+def _comparison(out: Path) -> None:
+    out.mkdir()
+    (out / "compare.json").write_text("{}")
+
+
+def _foreign(out: Path) -> None:
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+
+
+@pytest.mark.parametrize("make,whose", [
+    (_train_run, "holds a d3s train run"),
+    (_comparison, "holds a d3s compare"),
+    (_foreign, "is not empty (1 entry: notes.txt)"),
+])
+def test_a_folder_that_is_not_an_evaluation_s_is_refused_untouched(tiny_model, tmp_path, capfd, make, whose):
+    out = tmp_path / "folder"
+    make(out)
+    before = snapshot(out)
+    assert evaluate(tiny_model, out) == 2
+    assert error_line(capfd) == (f"d3s eval: error: --output_dir {str(out)!r} {whose}; d3s eval writes only into a "
+                                 "new or empty folder or a d3s eval's own: pick another --output_dir")
+    assert snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(before)
+
+
+def test_a_folder_in_use_by_another_evaluation_is_refused(tiny_model, tmp_path, capfd):
+    out = tmp_path / "ev"
+    assert evaluate(tiny_model, out) == 0  # its own folder: the same command again reuses it
+    assert evaluate(tiny_model, out) == 0
+    capfd.readouterr()
+    held = claim_eval_folder(out)  # a live d3s eval holds it
+    try:
+        before = snapshot(out)
+        assert evaluate(tiny_model, out, "--overwrite") == 2
+        line = error_line(capfd)
+        assert line.startswith(f"d3s eval: error: output_dir {str(out)!r} is in use by another d3s eval (pid "
+                               f"{os.getpid()} on"), line
+        assert snapshot(out) == before
+    finally:
+        held.release()

@@ -65,9 +65,9 @@ class RunLock:
             self.fd = None
 
 
-def _lock(fd: int, out: Path) -> RunLock:
+def _lock(fd: int, out: Path, command: str = "d3s train") -> RunLock:
     """Take the flock of the open lock file `fd` of `out` and write this process into it; refuse (closing
-    `fd`) when another live run holds it, naming that run."""
+    `fd`) when another live process of `command` holds it, naming that process."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: no flock; the folder checks still apply
@@ -84,7 +84,7 @@ def _lock(fd: int, out: Path) -> RunLock:
         os.close(fd)
         holder = holder or "unknown process"
         raise RunFolderError(
-            f"output_dir {str(out)!r} is in use by another d3s train ({holder}); wait for it to end or pick "
+            f"output_dir {str(out)!r} is in use by another {command} ({holder}); wait for it to end or pick "
             "another --output_dir"
         ) from None
     os.ftruncate(fd, 0)
@@ -134,6 +134,25 @@ def claim_folder(out: Path, held: RunLock | None = None) -> RunLock:
     except OSError as err:
         raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({err.strerror})") from None
     return _lock(fd, out)
+
+
+def lock_folder(out: Path, lock_name: str, command: str) -> RunLock:
+    """The flock of `out/lock_name` for a live `command` (`d3s eval`), taken: another one holding it is refused in
+    one line naming it. `out` must exist; a lock file that cannot be made is a `RunFolderError`."""
+    try:
+        fd = os.open(Path(out) / lock_name, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({err.strerror})") from None
+    return _lock(fd, Path(out), command)
+
+
+def holds_comparison(root: Path) -> bool:
+    """Whether the folder `root` is a `d3s compare` output: its `compare.json` or `compare.md`, or a run folder of
+    one (`<setting>-seed<seed>` holding a d3s run)."""
+    root = Path(root)
+    if any((root / name).is_file() for name in ("compare.json", "compare.md")):
+        return True
+    return any(p.is_dir() and "-seed" in p.name and is_run_folder(p) for p in root.iterdir())
 
 
 # ---------------------------------------------------------------------------------------------

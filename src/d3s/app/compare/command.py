@@ -43,7 +43,8 @@ from d3s.app.options import parse_command
 from d3s.app.plots import plot_budget, plot_compare
 from d3s.app.recipe import parse_train_args
 from d3s.app.runfiles import atomic_write_text, read_run_config, read_summary
-from d3s.app.runfolder import KeepCheckpoints, RunFolderError, is_run_folder, prune_checkpoints, training_changes
+from d3s.app.runfolder import KeepCheckpoints, RunFolderError, holds_comparison, is_run_folder, prune_checkpoints, \
+    training_changes
 from d3s.app.train import resolve_run_config
 from d3s.variants import VARIANTS
 
@@ -175,9 +176,7 @@ def claim_root(root: Path) -> None:
     if not root.is_dir():
         return
     entries = sorted(p.name for p in root.iterdir() if p.name != ".DS_Store")
-    ours = any((root / n).is_file() for n in ("compare.json", "compare.md")) or any(
-        is_run_folder(p) for p in root.iterdir() if p.is_dir() and "-seed" in p.name)
-    if entries and not ours:
+    if entries and not holds_comparison(root):
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise RunFolderError(f"--output_dir {str(root)!r} is not empty ({len(entries)} entries: {shown}) and holds no "
                              "d3s comparison; pick another --output_dir")
