@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 from d3s.app.child_process import CHILD_MAIN, run_child
-from d3s.app.compare.budget import budget_argv, check_budget_command, reference_argv
+from d3s.app.compare.budget import STEP_CAP, budget_argv, check_budget_command, reference_argv
 from d3s.app.compare.markdown import render_markdown
 from d3s.app.compare.summary import run_dir, summarize
 from d3s.app.errors import RecipeError
@@ -42,7 +42,7 @@ from d3s.app.machine import same_machine
 from d3s.app.options import parse_command
 from d3s.app.plots import plot_budget, plot_compare
 from d3s.app.recipe import parse_train_args
-from d3s.app.runfiles import atomic_write_text, read_run_config, read_summary
+from d3s.app.runfiles import atomic_write_text, read_run_config, read_run_records, read_summary
 from d3s.app.runfolder import KeepCheckpoints, RunFolderError, holds_comparison, is_run_folder, prune_checkpoints, \
     training_changes
 from d3s.app.train import resolve_run_config
@@ -202,17 +202,107 @@ def _without(argv: Sequence[str], name: str) -> list[str]:
     return out
 
 
-def _budget_plan(args: CompareArgs, reference: str, train_argv: list[str]):
-    """`per_run(variant, reference run folder) -> d3s train options` of this command's runs."""
+@dataclass
+class BudgetPlan:
+    """What `--budget reference` asks of the reference: its steps and an evaluation every `eval_every` of them."""
+
+    max_steps: int
+    eval_every: int
+    points: int
+
+
+def _budget_plan(args: CompareArgs, reference: str, train_argv: list[str], points_given: bool):
+    """`(per_run, plan)`: `per_run(variant, reference run folder) -> d3s train options` of this command's runs (with
+    the folder None: the options of a budgeted run, its budget a stand-in, for checking them before any run), and
+    the reference's `BudgetPlan` (None without `--budget`)."""
     if args.budget is None:
-        return lambda variant, ref_folder: train_argv
+        if points_given:
+            raise RecipeError(f"--budget_points {args.budget_points} is for --budget reference (held-out evaluations "
+                              "over the reference's compute); without --budget every run evaluates every eval_every "
+                              "steps (a d3s train field)")
+        return (lambda variant, ref_folder: train_argv), None
     _, config, _ = parse_train_args([*train_argv, *run_setting(reference)])
     if config.max_steps < 1:
         raise RecipeError(f"--budget reference needs the reference's max_steps >= 1 (it is {config.max_steps}); the "
                           "others train on its compute")
+    plan = _evaluation_plan(config.max_steps, args.budget_points, points_given)
     ref_argv = [*_without(train_argv, "eval_every"), *reference_argv(config.max_steps, args.budget_points)]
     others = _without(train_argv, "max_steps")
-    return lambda variant, ref_folder: ref_argv if variant == reference else [*others, *budget_argv(ref_folder)]
+    stand_in = ["--compute_budget", "1.0", "--budget_eval_shares", "", "--max_steps", str(STEP_CAP * config.max_steps),
+                "--eval_every", "0"]
+
+    def per_run(variant, ref_folder):
+        if variant == reference:
+            return ref_argv
+        return [*others, *(budget_argv(ref_folder) if ref_folder is not None else stand_in)]
+
+    return per_run, plan
+
+
+def _evaluation_plan(max_steps: int, points: int, given: bool) -> BudgetPlan:
+    """The reference's evaluations for `--budget_points points` over `max_steps` (`reference_argv`: every
+    `max_steps // points` steps, and the end). Points that its steps cannot hold evenly are refused when given
+    (more points than steps, or a count that does not divide them); the default is taken as close as it goes,
+    with a note."""
+    every = max(1, max_steps // points)
+    made = len(range(every, max_steps, every)) + 1
+    if made != points:
+        valid = [d for d in range(1, max_steps + 1) if max_steps % d == 0]
+        if given:
+            shown = sorted(valid, key=lambda d: (abs(d - points), d))[:8]
+            raise RecipeError(f"--budget_points {points}: the reference's {max_steps} steps cannot hold {points} "
+                              f"evenly spaced held-out evaluations (one every {every} step{'s' * (every > 1)} gives "
+                              f"{made}); give one of {', '.join(map(str, sorted(shown)))} (a divisor of max_steps)")
+        print(f"d3s compare: note: the reference's {max_steps} steps give {made} held-out evaluations over the budget "
+              f"(one every {every} step{'s' * (every > 1)}), not the default {points}; --budget_points sets them",
+              file=sys.stderr)
+    return BudgetPlan(max_steps, every, made)
+
+
+def _steps(steps) -> str:
+    return ", ".join(map(str, sorted(steps))) or "none before its end"
+
+
+def check_reference_evaluations(root: Path, reference: str, seeds: Sequence[int], plan: BudgetPlan) -> None:
+    """Refuse, before any run starts, a reference run in `root` (finished, or begun) evaluated at other steps than
+    this command asks: the budgeted runs are evaluated at the compute shares of its evaluations, so its curve (and,
+    from a reference without evaluations before its end, theirs) would not be this command's."""
+    for seed in seeds:
+        ref = run_dir(root, reference, seed)
+        summary = read_summary(ref)[0]
+        if summary is not None:
+            steps = summary["steps"]
+            want = set(range(plan.eval_every, steps, plan.eval_every))
+            have = {r["step"] for r in read_run_records(ref / "metrics.jsonl")
+                    if r["type"] == "eval" and 0 < r["step"] < steps}
+            what = f"was evaluated at steps {_steps(have)} before its end"
+        else:
+            saved = read_run_config(ref)[0]
+            every = (saved or {}).get("run", {}).get("eval_every")
+            if saved is None or not any(ref.glob("checkpoint-*")) or every == plan.eval_every:
+                continue
+            want, have = {plan.eval_every}, {every}
+            what = f"was begun with an evaluation every {every} steps (eval_every)"
+        if have != want:
+            raise RecipeError(f"{ref}, the reference run of this folder, {what}, but --budget_points {plan.points} asks "
+                              f"for one every {plan.eval_every} step{'s' * (plan.eval_every > 1)} "
+                              f"({_steps(set(range(plan.eval_every, plan.max_steps, plan.eval_every)))}): the budgeted "
+                              "runs are evaluated where it was, so its curve would not be this command's; give the "
+                              "--budget_points it was run with, or use another --output_dir")
+
+
+def check_every_run(variants: Sequence[str], reference: str, seeds: Sequence[int], root: Path, per_run,
+                    budget: bool) -> None:
+    """Parse the `d3s train` options of every run this command starts, before the first one: a setting that a run
+    would refuse (a budgeted run's `warmup_steps` counted in steps, a schedule clock) is refused now, not after the
+    reference has trained."""
+    for v in [reference, *(v for v in variants if v != reference)]:
+        try:
+            parse_train_args([*per_run(v, None), *run_setting(v), "--seed", str(seeds[0]),
+                              "--output_dir", str(run_dir(root, v, seeds[0]))])
+        except RecipeError as err:
+            how = f" on {reference}'s compute (--budget reference)" if budget and v != reference else ""
+            raise RecipeError(f"run setting {v!r}{how}: {err}") from None
 
 
 def refuse_mixed_machines(summary: dict) -> None:
@@ -260,10 +350,14 @@ def cmd_compare(argv: Sequence[str]) -> int:
                 if value is None and not isinstance(getattr(config, switch, getattr(run, switch, None)), bool):
                     raise RecipeError(f"run setting {v!r}: {switch} is not a switch (a boolean d3s train field)")
 
-    per_run = _budget_plan(args, reference, train_argv)
-
+    points_given = any(a == "--budget_points" or a.startswith("--budget_points=") for a in argv)
+    per_run, plan = _budget_plan(args, reference, train_argv, points_given)
     root = Path(args.output_dir)
+    check_every_run(variants, reference, seeds, root, per_run, args.budget is not None)
+
     claim_root(root)
+    if plan is not None:
+        check_reference_evaluations(root, reference, seeds, plan)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
