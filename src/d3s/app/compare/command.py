@@ -19,7 +19,8 @@ finishes it. A finished run is reused only if its recorded recipe trains what th
 
 Outputs in DIR: `compare.json` (the numbers: `d3s.app.compare.summary`), `compare.md` (its tables:
 `d3s.app.compare.markdown`), `compare.png` (overlaid curves: `d3s.app.plots`), for this command's variants
-and seeds; `compare.md` names the folder's other finished runs, which a command naming them all tables
+and seeds, each replaced atomically, `compare.json` last (a kill leaves the old outputs, or new plots beside the old
+tables, never a truncated file beside finished ones); `compare.md` names the folder's other finished runs, which a command naming them all tables
 together. This module runs the comparison.
 """
 
@@ -369,7 +370,15 @@ def cmd_compare(argv: Sequence[str]) -> int:
     if args.wall_clock_ratios:
         refuse_mixed_machines(summary)
     command = "d3s compare " + " ".join(argv)
-    atomic_write_text(root / "compare.json", json.dumps(summary, indent=2))  # a kill leaves the old one
+    # Every output is replaced atomically (a kill leaves the old file or none), the plots first and compare.json
+    # last: a compare.json that is new says every other output is too.
+    for leftover in root.glob(".compare*.tmp-*"):  # the temporary file of a compare killed while writing
+        leftover.unlink(missing_ok=True)
+    wrote = [plot_compare({v: [(s, run_dir(root, v, s) / "metrics.jsonl") for s in seeds] for v in variants},
+                          root / "compare.png", title=f"{' vs '.join(variants)}, seeds {', '.join(map(str, seeds))}")]
+    if args.budget is not None:
+        wrote.append(plot_budget(summary, root / "compare-budget.png",
+                                 title=f"at {reference}'s compute, seeds {', '.join(map(str, seeds))}"))
     md = render_markdown(summary, command)
     others = runs_left_out(root, variants, seeds)
     if others:  # a subset of a folder's comparison: say what its tables no longer show
@@ -378,12 +387,8 @@ def cmd_compare(argv: Sequence[str]) -> int:
         md = md.rstrip("\n") + "\n\n" + note + "\n"
         print(f"d3s compare: note: {note}", file=sys.stderr)
     atomic_write_text(root / "compare.md", md)
-    plot_compare({v: [(s, run_dir(root, v, s) / "metrics.jsonl") for s in seeds] for v in variants},
-                 root / "compare.png", title=f"{' vs '.join(variants)}, seeds {', '.join(map(str, seeds))}")
-    wrote = [root / "compare.md", root / "compare.json", root / "compare.png"]
-    if args.budget is not None:
-        wrote.append(plot_budget(summary, root / "compare-budget.png",
-                                 title=f"at {reference}'s compute, seeds {', '.join(map(str, seeds))}"))
+    atomic_write_text(root / "compare.json", json.dumps(summary, indent=2))
+    wrote = [root / "compare.md", root / "compare.json", *wrote]
     print(md)
     print(f"d3s compare: wrote {', '.join(map(str, wrote))}")
     return 0
