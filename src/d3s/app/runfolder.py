@@ -395,12 +395,29 @@ _INERT_UNLESS = {
 }
 
 
+def data_change(saved: dict, now: dict) -> str | None:
+    """How the dataset of two `run_config.json` contents differs in content under the same name (their `data`
+    records its SHA-256, `d3s.app.tasks.dataset_digest`), or None (the same, or not recorded: a run made before it
+    was, a hub dataset)."""
+    old, new = saved.get("data") or {}, now.get("data") or {}
+    if not (old.get("sha256") and new.get("sha256")) or old["sha256"] == new["sha256"]:
+        return None
+    if old.get("dataset") != new.get("dataset"):  # another file: the `dataset` field names the change
+        return None
+    return (f"dataset {new.get('dataset')!r}: its content changed since the run was trained (sha256 "
+            f"{old['sha256'][:12]}... -> {new['sha256'][:12]}...)")
+
+
 def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """Compare two `run_config.json` contents: `(changes that alter training, free changes)`, each as
     `field: old -> new`. Fields missing on one side are compared against None (a field of
     `ADDED_FIELDS`: against the value runs had before it existed). A token-cut option that differs between two
-    runs without a token cut (a schedule clock, between two runs without a linear schedule) is a free change."""
+    runs without a token cut (a schedule clock, between two runs without a linear schedule) is a free change.
+    A dataset whose content changed under the same name (`data_change`) is a change that alters training."""
     changed, free = [], []
+    data = data_change(saved, now)
+    if data:
+        changed.append(data)
     for section, allowed in (("run", FREE_RUN_FIELDS), ("trainer", FREE_TRAINER_FIELDS)):
         a, b = saved.get(section) or {}, now.get(section) or {}
         for name in sorted(set(a) | set(b)):

@@ -61,7 +61,7 @@ from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_resul
     writing
 from d3s.app.runfolder import RunLock, UnloadableCheckpoint, claim_folder, code_version, complete_checkpoints, \
     lock_existing_run
-from d3s.app.tasks import TaskData, build_task, prompt_messages
+from d3s.app.tasks import TaskData, build_task, dataset_digest, prompt_messages
 
 
 def _say(message: str) -> None:
@@ -196,11 +196,13 @@ def run_train(run: RunArgs, config, recipe: dict | None = None, held: RunLock | 
 def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, Any]:
     """Fix the logging the records need; returns what `run_config.json` records: the run and trainer settings
     (with the mixed precision the trainer runs, which `precision` settled when the config was built), the
-    recipe, the code version and the machine it is timed on."""
+    recipe, the content hash of a local dataset (`data`: a resume or a reuse of the run refuses data that changed),
+    the code version and the machine it is timed on."""
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
     trainer = {**config.to_dict(), "mixed_precision": config.mixed_precision}
     accelerator = torch.cuda.get_device_name() if _device(config) == "cuda" else None
-    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "code_version": code_version(),
+    data = {"dataset": run.dataset, "sha256": dataset_digest(run.dataset)} if run.task == "math" else None
+    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "data": data, "code_version": code_version(),
             "machine": machine_description(accelerator)}
 
 
@@ -295,6 +297,8 @@ def _training_data(run: RunArgs, config):
     prompts_per_step = config.per_device_train_batch_size * config.steps_per_generation * world // config.num_generations
     size = run.task_train_size or stream_size(max(1, config.max_steps) * max(1, prompts_per_step))
     task = build_task(run.task_config(), size)
+    for note in task.notes if _main_process() else ():  # rows left out, gold answers math-verify cannot read
+        _say(note)
     dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"], task.instruction), "answer": p["answer"]}
                                  for p in task.train])
     return task, dataset, prompts_per_step

@@ -44,8 +44,8 @@ from d3s.app.options import parse_command
 from d3s.app.plots import plot_budget, plot_compare
 from d3s.app.recipe import parse_train_args
 from d3s.app.runfiles import atomic_write_text, read_run_config, read_run_records, read_summary
-from d3s.app.runfolder import KeepCheckpoints, RunFolderError, holds_comparison, is_run_folder, prune_checkpoints, \
-    training_changes
+from d3s.app.runfolder import KeepCheckpoints, RunFolderError, data_change, holds_comparison, is_run_folder, \
+    prune_checkpoints, training_changes
 from d3s.app.train import resolve_run_config
 from d3s.variants import VARIANTS
 
@@ -163,7 +163,12 @@ def check_reusable(out: Path, variant: str, seed: int, train_argv: Sequence[str]
     if saved is None:
         print(f"d3s compare: note: {out} records no recipe (run_config.json); reused unchecked", file=sys.stderr)
         return
-    changed, _ = training_changes(saved, planned_run_config(out, variant, seed, train_argv))
+    planned = planned_run_config(out, variant, seed, train_argv)
+    data = data_change(saved, planned)
+    if data:
+        raise RecipeError(f"{out} was trained on other data ({data}); restore the data it was trained on, or move "
+                          "the run away or use another --output_dir to train on the new data")
+    changed, _ = training_changes(saved, planned)
     if changed:
         shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
         raise RecipeError(f"{out} was trained with another recipe than this command's ({shown}); move it away, "
