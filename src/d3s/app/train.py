@@ -247,9 +247,8 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     callback = _make_callback(run_log, evaluate, run)
     trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)
     count_compute(trainer, callback, model, run_log)
-    steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
     _say(f"{config.variant or 'custom'} on {run.task} with {Path(model_path).name}, "
-         f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
+         f"{_length_text(run, config, prompts_per_step)}, "
          f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
 
     if resume_step is None:
@@ -264,6 +263,17 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
                           run_config["code_version"], budget)
     _finish(run, config, out, summary, main_process)
     return summary
+
+
+def _length_text(run: RunArgs, config, prompts_per_step: int) -> str:
+    """How much the run trains, as its first line says: steps (or epochs) x prompts x rollouts, or, for a budgeted
+    run, its budget (the steps are only a cap there)."""
+    batch = f"{prompts_per_step} prompts x {config.num_generations} rollouts"
+    if run.compute_budget:
+        return (f"{batch} a step until {run.compute_budget:.4g} estimated FLOPs are spent (at most {config.max_steps} "
+                "steps)")
+    steps = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
+    return f"{steps} x {batch}"
 
 
 def _load_model(run: RunArgs, config):
