@@ -154,3 +154,28 @@ def test_the_model_cache_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capfd
         f"d3s {command}: error: {target} cannot be written (No space left on device); nothing was cached (D3S_CACHE "
         "holds the model cache): free space there or set D3S_CACHE to a folder with room"), error_lines(err)[-3:]
     assert list((cache / "models").iterdir()) == []  # no half model, no temporary folder
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The lock of a new folder on a full disk (its holder cannot be written)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_folder_on_a_full_disk_is_refused_in_one_line(tmp_path, monkeypatch, capfd, command):
+    """Making the lock file takes no space; writing its holder's pid into it does (ENOSPC on a full tmpfs)."""
+    monkeypatch.setenv("D3S_CACHE", str(tmp_path / "cache"))
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "out"
+    argv = {"train": ["train", "--config", "smoke", "--output_dir", str(out)],
+            "eval": ["eval", "--model", "tiny", "--benchmarks", "arith", "--n", "1", "--ks", "1", "--limit", "1",
+                     "--output_dir", str(out), "--no_progress"]}[command]
+    with monkeypatch.context() as mp:
+        mp.setattr(os, "pwrite", full)
+        assert cli.main(argv) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    assert error_lines(err)[-1] == (f"d3s {command}: error: output_dir {str(out)!r} cannot be written (No space left "
+                                    "on device)"), error_lines(err)[-3:]

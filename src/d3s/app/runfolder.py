@@ -33,7 +33,7 @@ from typing import Any, Literal, get_args
 
 import d3s
 from d3s.app.errors import RecipeError, RunFolderError
-from d3s.app.runfiles import fsync_dir, read_run_config, read_summary
+from d3s.app.runfiles import fsync_dir, read_run_config, read_summary, write_failure
 
 LOCK_NAME = ".d3s-run.lock"
 STAGING_NAME = ".staging"
@@ -87,8 +87,13 @@ def _lock(fd: int, out: Path, command: str = "d3s train") -> RunLock:
             f"output_dir {str(out)!r} is in use by another {command} ({holder}); wait for it to end or pick "
             "another --output_dir"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    except OSError as err:  # a full disk: the lock is held, but who holds it cannot be written
+        os.close(fd)
+        raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({write_failure(err) or err.strerror})") \
+            from None
     return RunLock(fd, out)
 
 
