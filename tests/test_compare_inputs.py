@@ -23,7 +23,8 @@ from run_helpers import copy_run  # noqa: E402
 # 1. Every run folder lies inside --output_dir, whatever a run setting holds
 # ---------------------------------------------------------------------------------------------
 
-NASTY = ["/", "..", ".", "\x00", "%", "%2F", "%-", "-seed1", "~", " ", "\\", "\n", "d3s", "+", "=", "é", "😀", "\udcff"]
+NASTY = ["/", "..", ".", "\x00", "%", "%2F", "%-", "-seed1", "~", " ", "\\", "\n", "d3s", "+", "=", "é", "😀",
+         "\udcff"]
 settings_text = st.one_of(
     st.lists(st.one_of(st.sampled_from(NASTY), st.text(max_size=4)), max_size=40).map("".join),
     st.text(min_size=100, max_size=400),  # past the longest name a file system allows

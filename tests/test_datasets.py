@@ -123,8 +123,8 @@ def test_held_out_questions_are_left_out_of_training_and_counted(tmp_path):
     assert held == {"What is 6 + 1?", "What is 7 + 1?", "What is 8 + 1?", "What is 9 + 1?"}
     assert not held & {r["question"] for r in task.train}
     assert len(task.train) == 36 - 12  # the 3 other copies of each held-out question are gone
-    assert task.notes == [f"dataset {str(path)!r}: 12 of its 36 training rows ask a question that is also held out (the "
-                          "last heldout_size=4 rows); they are left out of training, 24 rows remain"]
+    assert task.notes == [f"dataset {str(path)!r}: 12 of its 36 training rows ask a question that is also held out "
+                          "(the last heldout_size=4 rows); they are left out of training, 24 rows remain"]
     spaced = write_jsonl(tmp_path / "e.jsonl", [{"problem": "What is  9 +\t1?", "answer": "10"}, *rows])
     assert "1 of its 7 training rows" in math_task(spaced).notes[0]  # the same question, white space aside
     only = write_jsonl(tmp_path / "f.jsonl", rows[-1:] * 5)
@@ -138,8 +138,8 @@ def test_gold_answers_math_verify_cannot_read_are_named_before_training(tmp_path
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     assert math_task(path, heldout_size=2).notes == [
         f"warning: dataset {str(path)!r}: math-verify cannot read 2 of the 8 training gold answers (column 'answer': "
-        f"dataset {path} line 2: '\\\\frac{{' (no expression in it); dataset {path} line 5: '\\\\frac{{' (no expression "
-        "in it)); those problems score 0 for every completion that does not repeat that text"]
+        f"dataset {path} line 2: '\\\\frac{{' (no expression in it); dataset {path} line 5: '\\\\frac{{' (no "
+        "expression in it)); those problems score 0 for every completion that does not repeat that text"]
     broken = write_jsonl(tmp_path / "e.jsonl", [{"problem": f"q{i}", "answer": "\\frac{"} for i in range(8)]
                          + rows[-2:])
     with pytest.raises(RecipeError, match=r"math-verify cannot read 8 of the 8 training gold answers .* and 5 more\); "

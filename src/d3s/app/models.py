@@ -105,8 +105,8 @@ def save_complete(target: Path, *parts: Any) -> None:
     (however the library says it: safetensors' `SafetensorError`, an `OSError`) is one `RunFileError` line naming
     the cache, and the temporary folder is removed.
     """
-    hint = ("nothing was cached (D3S_CACHE holds the model cache): free space there or set D3S_CACHE to a folder with room" if target.parent.name ==
-            "models" else "nothing was saved")
+    hint = ("nothing was cached (D3S_CACHE holds the model cache): free space there or set D3S_CACHE to a folder "
+            "with room" if target.parent.name == "models" else "nothing was saved")
     with writing(target, hint):
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

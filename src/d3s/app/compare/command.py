@@ -20,8 +20,8 @@ finishes it. A finished run is reused only if its recorded recipe trains what th
 Outputs in DIR: `compare.json` (the numbers: `d3s.app.compare.summary`), `compare.md` (its tables:
 `d3s.app.compare.markdown`), `compare.png` (overlaid curves: `d3s.app.plots`), for this command's variants
 and seeds, each replaced atomically, `compare.json` last (a kill leaves the old outputs, or new plots beside the old
-tables, never a truncated file beside finished ones); `compare.md` names the folder's other finished runs, which a command naming them all tables
-together. This module runs the comparison.
+tables, never a truncated file beside finished ones); `compare.md` names the folder's other finished runs, which a
+command naming them all tables together. This module runs the comparison.
 """
 
 from __future__ import annotations
@@ -290,8 +290,8 @@ def check_reference_evaluations(root: Path, reference: str, seeds: Sequence[int]
             want, have = {plan.eval_every}, {every}
             what = f"was begun with an evaluation every {every} steps (eval_every)"
         if have != want:
-            raise RecipeError(f"{ref}, the reference run of this folder, {what}, but --budget_points {plan.points} asks "
-                              f"for one every {plan.eval_every} step{'s' * (plan.eval_every > 1)} "
+            raise RecipeError(f"{ref}, the reference run of this folder, {what}, but --budget_points {plan.points} "
+                              f"asks for one every {plan.eval_every} step{'s' * (plan.eval_every > 1)} "
                               f"({_steps(set(range(plan.eval_every, plan.max_steps, plan.eval_every)))}): the budgeted "
                               "runs are evaluated where it was, so its curve would not be this command's; give the "
                               "--budget_points it was run with, or use another --output_dir")

@@ -63,9 +63,10 @@ def check_generation_settings(settings: dict) -> None:
     """Refuse, in one line naming the setting, a generation setting the shared-prefill path cannot honour."""
     if "eos_token_id" in settings:
         raise ValueError(
-            f"generation_kwargs eos_token_id={settings['eos_token_id']!r} is not honoured by shared_prefill_generation: "
-            "it stops every completion at the trainer's end-of-sequence tokens (the tokenizer's and the model's, "
-            "where TRL cuts a completion); remove it or set shared_prefill_generation=False"
+            f"generation_kwargs eos_token_id={settings['eos_token_id']!r} is not honoured by "
+            "shared_prefill_generation: it stops every completion at the trainer's end-of-sequence tokens (the "
+            "tokenizer's and the model's, where TRL cuts a completion); remove it or set "
+            "shared_prefill_generation=False"
         )
     for key, value in settings.items():
         if key not in SUPPORTED_SETTINGS:
