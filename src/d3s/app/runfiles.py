@@ -96,20 +96,27 @@ def writing(path: Path, hint: str = "what was saved before is intact") -> Iterat
 
 
 def _write(path: Path, text: str | bytes, mode: str) -> None:
-    """Write (`mode` "w", "wb") or append ("a") `text` to `path`, on the disk before it returns: every run,
-    compare and eval file is written here."""
+    """Write (`mode` "w", "wb") or append ("a") `text` to `path`: every run, compare and eval file is written here.
+    A replaced file is on the disk before it returns (it is renamed into place next)."""
     with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if mode != "a":
+            f.flush()
+            os.fsync(f.fileno())
 
 
-def append_line(path: Path, line: str) -> None:
-    """Append `line` to `path` (a record of `metrics.jsonl`, a problem of `samples.jsonl`). A write that fails
-    raises `RunFileError`; a part of the line may be left at the end of the file, which its readers drop (a
-    cut-off last line)."""
+def append_line(path: Path, line: str, *, sync: bool = False) -> None:
+    """Append `line` to `path` (a record of `metrics.jsonl`, a problem of `samples.jsonl`); with `sync`, on the disk
+    before it returns. A write that fails raises `RunFileError`; a part of the line may be left at the end of the
+    file, which its readers drop (a cut-off last line)."""
     with writing(path):
         _write(path, line, "a")
+        if sync:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:

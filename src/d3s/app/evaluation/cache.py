@@ -59,7 +59,7 @@ class SampleCache:
     def _append(self, record: dict[str, Any]) -> None:
         """One line, on the disk before it returns; a full disk is one `RunFileError` line (a part of the line
         left at the end is dropped by the next run)."""
-        append_line(self.path, json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record) + "\n", sync=True)
 
     def get(self, problem: Problem) -> dict[str, Any] | None:
         rec = self.records.get((problem.benchmark, problem.problem_id))
