@@ -3,7 +3,11 @@ does, read what a user would read, compare a run with an uninterrupted one, kill
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -53,6 +57,22 @@ def assert_same_run(out: Path, reference: Path) -> None:
     assert not any(diffs.values()), {k: v for k, v in diffs.items() if v}
     got, want = comparable_summary(out), comparable_summary(reference)
     assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+
+
+def full_disk(mp, *names: str) -> None:
+    """Opening a file whose name holds one of `names` for writing fails as on a full disk (ENOSPC), also through
+    `Path.open` and `Path.write_text`."""
+    real = builtins.open
+
+    def opening(file, mode="r", *args, **kwargs):
+        if not isinstance(file, int) and set(mode) & set("wax+"):
+            name = os.path.basename(os.fsdecode(file))
+            if any(n in name for n in names):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fsdecode(file))
+        return real(file, mode, *args, **kwargs)
+
+    mp.setattr(builtins, "open", opening)
+    mp.setattr(io, "open", opening)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -191,7 +191,7 @@ def budget_lr_scheduler(args, optimizer, progress: Callable[[], float]):
 
     if getattr(args, "warmup_steps", 0) and args.warmup_steps >= 1:
         raise RecipeError(f"warmup_steps={args.warmup_steps} counts steps, which a compute budget does not fix; give "
-                          "the warmup as a share (warmup_steps < 1, or warmup_ratio)")
+                          "the warmup as a share of the budget: warmup_steps below 1 (e.g. 0.1, the first tenth)")
     shape = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(HORIZON),
                           num_training_steps=HORIZON, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
     if not isinstance(shape, torch.optim.lr_scheduler.LambdaLR) or len({id(f) for f in shape.lr_lambdas}) != 1:

@@ -339,7 +339,12 @@ class RunCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.perf_counter()
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and self.budget is not None:  # its length is the budget; steps are a cap
+            spent = self.trainer.d3s_flops() if self.trainer is not None else 0.0
+            self.bar = tqdm(total=100, initial=round(100 * self.budget.progress(spent), 1), desc="d3s train",
+                            dynamic_ncols=True, file=sys.stderr,
+                            bar_format="{desc}: {n:.0f}% of the compute budget|{bar}| [{elapsed}<{remaining}{postfix}]")
+        elif state.is_world_process_zero:
             self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="d3s train", dynamic_ncols=True,
                             file=sys.stderr)
         # Resumed at a step whose held-out evaluation was cut off by the stop: the checkpoint holds
@@ -372,7 +377,8 @@ class RunCallback(TrainerCallback):
             record["prompt_hashes"] = list(self.trainer.d3s_prompt_hashes)  # the step's distinct prompts, in order
         self.run_log.add(record)
         if self.bar is not None:
-            self.bar.set_postfix(self._bar_fields(logs), refresh=False)
+            steps = {"step": state.global_step} if self.budget is not None else {}  # the bar counts the budget
+            self.bar.set_postfix({**steps, **self._bar_fields(logs)}, refresh=False)
         # After the step's record (logs come after on_step_end), before its checkpoint is saved
         if self._eval_due(state.global_step, state.max_steps):
             self.run_eval(state.global_step)
@@ -398,7 +404,10 @@ class RunCallback(TrainerCallback):
             if self.budget.done(spent, spent - self.trainer.d3s_step_start_flops):
                 control.should_training_stop = True
         if state.is_world_process_zero and self.bar is not None:
-            self.bar.update(state.global_step - self.bar.n)
+            if self.budget is not None and self.trainer is not None:
+                self.bar.update(round(100 * self.budget.progress(self.trainer.d3s_flops()), 1) - self.bar.n)
+            else:
+                self.bar.update(state.global_step - self.bar.n)
 
     def run_eval(self, step: int) -> dict:
         t = time.perf_counter()

@@ -65,11 +65,13 @@ def check_budget_command(budget: str | None, reference: str, variants: Sequence[
         if name != "max_steps" and _given(name, train_argv):
             raise RecipeError(f"--{name} is set by d3s compare --budget for each run; remove it")
     for v in variants:
-        if v == reference:
-            continue
         for part in v.split("+")[1:]:
             name = part.split("=", 1)[0]
-            if name in SET_BY_BUDGET:
+            if v == reference and name == "eval_every":  # the reference's evaluations are the budget's points
+                raise RecipeError(f"run setting {v!r} sets eval_every, which --budget reference sets for the "
+                                  f"reference from --budget_points (an evaluation every max_steps // budget_points "
+                                  "steps); remove it and give --budget_points")
+            if v != reference and name in SET_BY_BUDGET:
                 raise RecipeError(f"run setting {v!r} sets {name}, which --budget reference sets for every run other "
                                   f"than the reference ({reference}); remove it")
 

@@ -20,7 +20,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import statistics
+import string
 from pathlib import Path
 
 from d3s.app.budget import flops_convention
@@ -33,8 +35,36 @@ from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_sh
                               read_run_records, step_seconds, with_computed_tokens)
 
 
+SAFE_NAME_CHARACTERS = frozenset(string.ascii_letters + string.digits + "._+=,@-")
+"""The characters of a run setting kept as they are in its folder's name; every other byte is written `%XX`."""
+
+NAME_BYTES = 240
+"""The longest folder name `run_folder_name` gives (file systems allow 255 bytes)."""
+
+
+def run_folder_name(setting: str, seed: int) -> str:
+    """The name of the folder of run setting `setting` with `seed`: `<setting>-seed<seed>`, one folder inside the
+    comparison's `--output_dir` whatever the setting holds.
+
+    A setting of plain characters (`SAFE_NAME_CHARACTERS`: `d3s+token_cut=sign`) is its own name. Any other byte of
+    its UTF-8 (`/`, a NUL, a space, `%`, a leading `.`) is written `%XX`, so `..` or `/x` never leaves the folder,
+    no name is hidden, and two settings never share one. A name longer than `NAME_BYTES` keeps its start, then
+    `%-` and 16 hex digits of the setting's SHA-256 (a `%` followed by `-` is never an escape, so a shortened
+    name equals no other)."""
+    raw = setting.encode("utf-8", "surrogatepass")
+    name = "".join(chr(b) if chr(b) in SAFE_NAME_CHARACTERS else f"%{b:02X}" for b in raw)
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    suffix = f"-seed{seed}"
+    room = NAME_BYTES - len(suffix)
+    if len(name) > room:
+        name = name[: room - 18] + "%-" + hashlib.sha256(raw).hexdigest()[:16]
+    return name + suffix
+
+
 def run_dir(root: Path, variant: str, seed: int) -> Path:
-    return root / f"{variant}-seed{seed}"
+    """The folder of run setting `variant` with `seed` in the comparison folder `root` (`run_folder_name`)."""
+    return Path(root) / run_folder_name(variant, seed)
 
 
 def _reach(records: list[dict], target: float) -> dict | None:
@@ -74,7 +104,7 @@ def _load_run(root: Path, variant: str, seed: int) -> dict:
     folder = run_dir(root, variant, seed)
     summary = finished_summary(folder)
     records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
-    return {"seed": seed, "summary": summary, "records": records,
+    return {"seed": seed, "folder": folder.name, "summary": summary, "records": records,
             "version": _run_version(folder, summary), "recipe_checked": read_run_config(folder)[0] is not None,
             "machine": _run_machine(folder), "load": summary.get("load")}
 
@@ -85,6 +115,7 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
     train = [x for x in records if x.get("type") == "train"]
     return {
         "seed": run["seed"],
+        "folder": run["folder"],
         "final_accuracy": summary["after"]["accuracy"],
         "train_wall_s": summary["train_wall_s"],
         "trained_tokens": summary["trained_tokens"],

@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 import torch
 
 SUPPORTED_SETTINGS = frozenset({
-    "max_new_tokens", "do_sample", "pad_token_id", "bos_token_id", "eos_token_id", "temperature", "top_p",
+    "max_new_tokens", "do_sample", "pad_token_id", "bos_token_id", "temperature", "top_p",
     "top_k", "min_p", "repetition_penalty", "cache_implementation", "disable_compile",
 })
 """The `generation_kwargs` keys the shared-prefill path honours (with `repetition_penalty` 1 and no
-`cache_implementation`: it keeps its own cache); any other key is refused."""
+`cache_implementation`: it keeps its own cache); any other key is refused. `eos_token_id` among them: the path
+stops every completion at the trainer's end-of-sequence tokens (TRL's `eos_token_ids`, where TRL cuts and marks a
+completion), while TRL's `generate` would stop at the given ones and pad the rest of the row."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,13 @@ class Sampling:
 
 def check_generation_settings(settings: dict) -> None:
     """Refuse, in one line naming the setting, a generation setting the shared-prefill path cannot honour."""
+    if "eos_token_id" in settings:
+        raise ValueError(
+            f"generation_kwargs eos_token_id={settings['eos_token_id']!r} is not honoured by "
+            "shared_prefill_generation: it stops every completion at the trainer's end-of-sequence tokens (the "
+            "tokenizer's and the model's, where TRL cuts a completion); remove it or set "
+            "shared_prefill_generation=False"
+        )
     for key, value in settings.items():
         if key not in SUPPORTED_SETTINGS:
             raise ValueError(
