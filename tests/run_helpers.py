@@ -21,7 +21,8 @@ from d3s.app.runfolder import LOCK_NAME
 
 TIMING_KEYS = ("wall_s", "step_time", "d3s/generation_s_per_signal_group")  # with d3s/time/*, the only fields
 # allowed to differ between two runs
-SUMMARY_TIMING_KEYS = ("train_wall_s", "command_wall_s", "step_seconds", "generation_s_per_signal_group")  # summary
+SUMMARY_TIMING_KEYS = ("train_wall_s", "command_wall_s", "step_seconds", "generation_s_per_signal_group",
+                       "load")  # summary: the machine's load around the run differs between any two runs too
 
 
 def train(out: Path, *extra: str) -> int:
