@@ -653,6 +653,51 @@ def generation(root: Path, prefix: str = "") -> str:
             f"of {same['of']}. Source: {_link('generation', prefix)}.")
 
 
+FLOPS_STEP_LABELS = {"grpo": "grpo", "d1s-c": "d1s-c (the default)", "d3s": "d3s (with the floor)"}
+
+
+def flops_step_table(folder: Path) -> str:
+    """One default-recipe step of each variant counted in both conventions (`benchmarks/flops_step.py`'s runs):
+    `estimate-v1` (`d3s.app.budget.estimated_flops`) and `computed-v2` (the run's own count) with its parts
+    (`d3s.app.budget.flops_parts`), each a share of the step's `computed-v2` count."""
+    from d3s.app.budget import RECORD_COUNTS, ModelShape, estimated_flops, flops_parts
+
+    shapes = json.loads((folder / "shape.json").read_text())
+    shape = ModelShape(n_body=shapes["n_body"], n_head=shapes["n_head"])
+    rows, steps = [], {}
+    for variant, label in FLOPS_STEP_LABELS.items():
+        record = next(r for r in read_run_records(folder / variant / "metrics.jsonl") if r.get("type") == "train")
+        counts = {name: record.get(field) or 0.0 for name, field in RECORD_COUNTS.items()}
+        parts = flops_parts(shape, counts)
+        v1, v2 = estimated_flops(shapes["n_legacy"], record), record["flops"]
+        if not math.isclose(sum(parts.values()), v2, rel_tol=1e-9):
+            raise SystemExit(f"{folder / variant}: its recorded FLOPs are not computed-v2 of its counts")
+        steps[variant] = (v1, v2)
+        share = {k: v / v2 for k, v in parts.items()}
+        generation_body = share["prefill"] + share["decode"]
+        training_body = share["no_grad"] + share["trained"]
+        head = share["generation_head"] + share["training_head"]
+        rows.append(f"| {label} | {v1 / 1e12:.3f} TFLOP | {v2 / 1e12:.3f} TFLOP | {v2 / v1:.2f} | "
+                    f"{pct(generation_body)} | {pct(share['prefill'])} | {pct(training_body)} | "
+                    f"{pct(head)} ({pct(share['generation_head'])} / {pct(share['training_head'])}) |")
+    ratio = {v: (steps[v][0] / steps["grpo"][0], steps[v][1] / steps["grpo"][1]) for v in ("d1s-c", "d3s")}
+    return "\n".join([
+        "| variant | `estimate-v1` | `computed-v2` | v2 / v1 | generation body | of it prefill | training body "
+        "| LM head (generation / training) |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Relative to GRPO's step: D1S-C's goes from {ratio['d1s-c'][0]:.2f} in `estimate-v1` to "
+        f"{ratio['d1s-c'][1]:.2f} in `computed-v2`, D3S's from {ratio['d3s'][0]:.2f} to {ratio['d3s'][1]:.2f}. "
+        f"Shares are of each step's `computed-v2` count. Source: `{folder.name}/` (`python benchmarks/flops_step.py`)."
+    ])
+
+
+def flops_step(root: Path, prefix: str = "") -> str:
+    return flops_step_table(root / RESULTS / "flops-step").replace(
+        "Source: `flops-step/`", f"Source: {_link('flops-step', prefix)}")
+
+
 # --- the README's own blocks: the race in four rows, the GPU measurement, generation's share, the versions ------
 
 RACE_ROWS = ("GRPO", "D1S-C", "D3S + floor", "paper's D3S")  # the README table's rows, in order
@@ -897,6 +942,7 @@ FIGURES = {
     "generation-share": generation_share,
     "supported-versions": supported_versions,
     "credit-verdict": credit_verdict,
+    "flops-step": flops_step,
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from d3s.app.budget import (FLOPS_CONVENTION, RECORD_COUNTS, Budget, ModelShape, budget_lr_scheduler, computed_flops,
-                            model_shape)
+                            estimated_flops, flops_parts, model_shape, non_embedding_parameters)
 from d3s.app.errors import RecipeError
 from d3s.app.recipe import parse_train_args
 
@@ -97,6 +97,36 @@ def test_the_flops_formula_by_hand():
     body = 2 * 10 * (1 + 2 + 8) + 6 * 10 * 32  # forwards 2 N_body, training forward and backward 6 N_body
     head = 2 * 3 * (4 + 16) + 8 * 3 * 64  # forwards 2 N_head, with gradient 8 N_head (the kernel recomputes)
     assert computed_flops(shape, counts) == body + head
+
+
+def test_the_parts_add_up_to_the_count():
+    shape = ModelShape(n_body=10, n_head=3)
+    counts = {"prefill": 1, "decode": 2, "generation_head": 4, "no_grad": 8, "no_grad_head": 16, "trained": 32,
+              "trained_head": 64}
+    parts = flops_parts(shape, counts)
+    assert parts["prefill"] == 20 and parts["training_head"] == 2 * 3 * 16 + 8 * 3 * 64
+    assert sum(parts.values()) == computed_flops(shape, counts)
+
+
+def test_the_earlier_convention_gives_what_its_committed_runs_recorded():
+    """estimate-v1 from a record's counts and N equals the FLOPs a committed run of that convention recorded (the
+    race campaigns' runs; SmolLM2-135M's N), at every step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=101, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))
+    # every parameter but the (tied) embedding: the matrices and the norm weights (2 per layer and the last)
+    assert non_embedding_parameters(model) == 2 * (4 * 16 * 16 + 3 * 16 * 32) + 5 * 16
+    runs = sorted((Path(__file__).parents[1] / "benchmarks/results/race-default").glob("*-seed*/metrics.jsonl"))
+    assert runs, "the committed race's runs are missing"
+    checked = 0
+    for path in runs[:6]:
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("type") == "train":
+                assert estimated_flops(106_203_456, record) == record["flops"], (path, record["step"])
+                checked += 1
+    assert checked > 100
 
 
 @pytest.mark.parametrize("args,named", [

@@ -101,6 +101,20 @@ def model_shape(model) -> ModelShape:
     return ModelShape(n_body=n_body, n_head=parameter_count(head.weight) if head is not None else 0)
 
 
+def flops_parts(shape: ModelShape, counts: Mapping[str, float]) -> dict[str, float]:
+    """`computed_flops(shape, counts)` by where it is spent: generation's body (`prefill`, `decode`), the training
+    body (`no_grad` passes, `trained` forward and backward), the LM head in generation (`generation_head`) and in
+    training (`training_head`: the scoring passes' and the trained positions')."""
+    return {
+        "prefill": 2.0 * shape.n_body * counts["prefill"],
+        "decode": 2.0 * shape.n_body * counts["decode"],
+        "no_grad": 2.0 * shape.n_body * counts["no_grad"],
+        "trained": 6.0 * shape.n_body * counts["trained"],
+        "generation_head": 2.0 * shape.n_head * counts["generation_head"],
+        "training_head": 2.0 * shape.n_head * (counts["no_grad_head"] + 4.0 * counts["trained_head"]),
+    }
+
+
 def computed_flops(shape: ModelShape, counts: Mapping[str, float]) -> float:
     """The FLOPs of `counts` (`RECORD_COUNTS`' keys: positions of the body and of the LM head per kind of pass), by
     the formula of the module docstring."""
@@ -108,6 +122,24 @@ def computed_flops(shape: ModelShape, counts: Mapping[str, float]) -> float:
     head_forward = counts["generation_head"] + counts["no_grad_head"]
     return (2.0 * shape.n_body * (body_forward + 3.0 * counts["trained"])
             + 2.0 * shape.n_head * (head_forward + 4.0 * counts["trained_head"]))
+
+
+def non_embedding_parameters(model) -> int:
+    """`LEGACY_FLOPS_CONVENTION`'s N: every parameter outside the input and output embeddings, norm weights
+    included (SmolLM2-135M: 106,203,456)."""
+    skip = set()
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if module is not None:
+            skip.update(id(p) for p in module.parameters())
+    return sum(parameter_count(p) for p in {id(p): p for p in model.parameters()}.values() if id(p) not in skip)
+
+
+def estimated_flops(n_params: int, record: Mapping[str, float]) -> float:
+    """A train record's running total in `LEGACY_FLOPS_CONVENTION`: `2 N (generated + no_grad) + 6 N trained`, with
+    generated TRL's `num_tokens` (a prompt once per rollout, padding not at all), no_grad and trained the body's
+    positions (`no_grad_tokens`, `computed_tokens`). Runs of that convention recorded exactly this."""
+    return (2.0 * n_params * (record["num_tokens"] + (record.get("no_grad_tokens") or 0.0))
+            + 6.0 * n_params * record["computed_tokens"])
 
 
 def parameter_count(p) -> int:
