@@ -152,10 +152,11 @@ class D3SGRPOTrainer(GRPOTrainer):
         entropies = capture.entropies(batch["completion_mask"], T) if isinstance(capture, GenerationEntropy) else None
         return batch, entropies
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
+        # the rest: `num_generations` (TRL >= 1.14), `has_tool_images`
         if self.args.shared_prefill_generation and images is None and not multimodal_fields:
             return shared_prefill_turn(self, prompt_ids)  # transformers path, each distinct prompt prefilled once
-        return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:
