@@ -733,7 +733,8 @@ def supported_versions(root: Path, prefix: str = "") -> str:
             + project["optional-dependencies"]["trl"]}
     shown = ", ".join(f"`{pins[name]}`" for name in ("torch", "trl", "transformers", "accelerate", "datasets"))
     return (f"Supported: Python `{project['requires-python']}`, {shown} (`pyproject.toml`; the TRL glue overrides "
-            f"private TRL methods, so TRL is pinned to the minor version it was verified with).")
+            f"private TRL methods, so TRL and transformers are held to the versions measured: "
+            f"[docs/compatibility.md]({prefix}docs/compatibility.md)).")
 
 
 def d3s_config_fields(root: Path, prefix: str = "") -> str:
