@@ -41,6 +41,7 @@ __all__ = [
     "GRPOConfig",
     "GRPOTrainer",
     "PRIVATE_TRL_API",
+    "PRIVATE_TRL_API_REASONS",
     "REPLACED_TRL_METRICS",
     "TRANSFORMERS_VERSION_RANGE",
     "TRL_VERSION_RANGE",
@@ -118,9 +119,12 @@ TRL_VERSION = Version(trl.__version__)
 
 try:  # TRL >= 1.15 where its kernels import (TRL 1.15's need Triton)
     from trl.kernels import ChunkedLogProbFunction
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 except (ImportError, RuntimeError):
-    ChunkedLogProbFunction = _CHUNKED_LOGPROB_CHUNK_SIZE = None
+    ChunkedLogProbFunction = None
+
+VOCABULARY_CHUNK = 32768
+"""Vocabulary columns per tile of TRL's log-prob kernel: the value TRL's fused head passes (a test compares), so the
+selective head's values are TRL's to the bit; another width changes them only by float rounding."""
 
 
 class TorchLogProbFunction:
@@ -171,7 +175,7 @@ if getattr(trl_utils, "_ChunkedLogProbFunction", False) is None:
 def log_prob_kernel(hidden, weight, bias, labels, temperature, final_logit_softcapping, logit_scale, outputs):
     """`(log_probs (N,), entropy (N,) or None)` at the N rows of `hidden` `(N, H)`: `LOG_PROB_KERNEL`."""
     logps, entropy, *_ = LOG_PROB_KERNEL.apply(
-        hidden, weight, bias, labels, temperature, _CHUNKED_LOGPROB_CHUNK_SIZE, final_logit_softcapping,
+        hidden, weight, bias, labels, temperature, VOCABULARY_CHUNK, final_logit_softcapping,
         logit_scale, outputs,
     )
     return logps, entropy
@@ -180,7 +184,7 @@ def log_prob_kernel(hidden, weight, bias, labels, temperature, final_logit_softc
 def eos_token_ids(trainer) -> tuple[int, ...]:
     """The token ids that end a completion, as the installed TRL's `_generate_single_turn` cuts them."""
     ids = getattr(trainer, "eos_token_ids", None)  # TRL >= 1.14
-    return tuple(ids) if ids is not None else (trainer._tokenizer.eos_token_id,)
+    return tuple(ids) if ids is not None else (trainer.processing_class.eos_token_id,)
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,62 +209,151 @@ _PER_TOKEN_LOGPS = (
     "image_position_ids=None)"
 )
 
-PRIVATE_TRL_API = {
-    # overridden by D3SGRPOTrainer
-    "GRPOTrainer._calculate_rewards": "(self, inputs, prompts, completions, completion_ids_list)",
-    "GRPOTrainer._generate_and_score_completions": "(self, inputs)",
-    "GRPOTrainer._compute_loss": "(self, model, inputs)",
-    "GRPOTrainer.training_step": "(self, model, inputs, num_items_in_batch)",
-    "GRPOTrainer.train": "(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None)",
-    "GRPOTrainer.create_optimizer": "(self, model=None)",  # public Trainer API: wraps the step (optimizer_steps)
-    # overridden with `shared_prefill_generation` (generation.shared_prefill_turn)
-    "GRPOTrainer._generate_single_turn": {
-        "<1.14": "(self, prompt_ids, images, multimodal_fields, has_tool_images=False)",
-        ">=1.14": "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)",
-    },
-    # overridden to keep the prompt history (prompt_skip) in checkpoints, as TRL keeps its entropy controller's
-    "GRPOTrainer._save_checkpoint": "(self, model, trial)",
-    "GRPOTrainer._load_optimizer_and_scheduler": "(self, checkpoint)",
-    # replaced on the instance while TRL generates (generation.DeferredPasses): TRL calls it as
-    # (model, input_ids, attention_mask, logits_to_keep, ...) and takes (logps, entropies, aux_loss) back
-    "GRPOTrainer._get_per_token_logps_and_entropies": {
-        "<1.14": _PER_TOKEN_LOGPS,
-        "==1.14.*": "(self, model, *args, batch_size=None, compute_aux_loss=False, **kwargs)",
-        ">=1.15": _PER_TOKEN_LOGPS,
-    },
-    # relied on: shuffles the generation batch and splits it into `steps_per_generation` micro-batches
-    "GRPOTrainer._prepare_inputs": "(self, generation_batch)",
-    # called
-    "GRPOTrainer.get_off_policy_mask": "(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)",
-    "GRPOTrainer._get_output_dir": "(self, trial)",  # where a checkpoint folder is written
-    # attributes read
-    "GRPOTrainer._step": ATTRIBUTE,  # micro-batch counter: the generation index and the optimizer step's end
-    "GRPOTrainer._metrics": ATTRIBUTE,  # {"train": {name: [values]}}: every metric is appended there
-    "GRPOTrainer._tokenizer": ATTRIBUTE,  # its pad token pads gathered prompt/completion ids
-    "GRPOTrainer._is_vlm": ATTRIBUTE,  # vision-language models are refused
-    "GRPOTrainer.aux_loss_enabled": ATTRIBUTE,
-    "GRPOTrainer.current_gradient_accumulation_steps": ATTRIBUTE,
-    # read by generation.shared_prefill_turn, as TRL's `_generate_single_turn` reads them
-    "GRPOTrainer._dist": ATTRIBUTE,  # `summon_full_params` around generation (FSDP)
-    "GRPOTrainer.generation_config": ATTRIBUTE,
-    "GRPOTrainer.generation_kwargs": ATTRIBUTE,
-    "GRPOTrainer.eos_token_ids": {">=1.14": ATTRIBUTE},  # before: the tokenizer's eos (`eos_token_ids`)
-    # module-level names imported
-    "trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE": {">=1.15": NAME},  # TRL 1.14: the plain-torch kernel
-    "trl.trainer.utils.maybe_gather_lm_head_ctx": "(*params)",
-    "trl.trainer.utils.use_adapter": "(model, adapter_name)",
-    "trl.models.utils.disable_gradient_checkpointing": "(model, gradient_checkpointing_kwargs=None)",
-    # TRL 1.15 without Triton leaves it None; the plain-torch kernel is put there (see above)
-    "trl.trainer.utils._ChunkedLogProbFunction": {"==1.15.*": NAME},
-    # the logic of `selective_head.head_scales` is a copy of the one inside this function (a test compares them)
-    "trl.trainer.utils.add_fused_lm_head": {
-        ">=1.15": "(model, temperature=1.0, cast_lm_head_to_fp32=False, outputs=('log_probs',))",
-    },
+_PRIVATE_TRL_NAMES = {
+    # -- overridden by D3SGRPOTrainer
+    "GRPOTrainer._calculate_rewards": (
+        "(self, inputs, prompts, completions, completion_ids_list)",
+        "Overridden to keep the rewards of every rollout per reward function, all processes (TRL gathers them here): "
+        "the selection reads them. Not public: the batch TRL returns holds advantages, not rewards, and wrapping the "
+        "reward functions would miss the reward models TRL scores itself.",
+    ),
+    "GRPOTrainer._generate_and_score_completions": (
+        "(self, inputs)",
+        "Overridden: the algorithm's step, between TRL's scoring and its split into micro-batches, where the kept "
+        "rollouts and tokens are chosen. Not public: `rollout_func` runs before the rewards exist, and no public hook "
+        "sees the scored batch.",
+    ),
+    "GRPOTrainer._generate_single_turn": (
+        {
+            "<1.14": "(self, prompt_ids, images, multimodal_fields, has_tool_images=False)",
+            ">=1.14": "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)",
+        },
+        "Overridden with `shared_prefill_generation`: replaces transformers' `generate` in TRL's turn and nothing "
+        "else. Not public: `rollout_func` receives the prompts before TRL applies the chat template and tokenizes "
+        "them, and would replace that too.",
+    ),
+    "GRPOTrainer._save_checkpoint": (
+        "(self, model, trial)",
+        "Overridden to write the prompt history (`prompt_skip`) into each checkpoint folder, as TRL writes its entropy "
+        "controller's state. Not public: `on_save` runs after the folder is complete (outside `d3s train`'s atomic "
+        "save) and not for the saves `d3s train` makes itself.",
+    ),
+    "GRPOTrainer._load_optimizer_and_scheduler": (
+        "(self, checkpoint)",
+        "Overridden to read the prompt history back when a run resumes, as TRL reads its entropy controller's state. "
+        "Not public: no callback is given the checkpoint folder a run resumes from.",
+    ),
+    "GRPOTrainer._get_per_token_logps_and_entropies": (
+        {"<1.14": _PER_TOKEN_LOGPS, "==1.14.*": "(self, model, *args, batch_size=None, compute_aux_loss=False, **kwargs)",
+         ">=1.15": _PER_TOKEN_LOGPS},
+        "Replaced on the instance while TRL generates (`generation.DeferredPasses`): TRL calls it as (model, input_ids, "
+        "attention_mask, logits_to_keep, ...) for its per-rollout passes, which then return placeholders and run later "
+        "for the kept rollouts only. Not public: no setting turns those passes off.",
+    ),
+    "GRPOTrainer.compute_loss": (
+        "(self, model, inputs, return_outputs=False, num_items_in_batch=None)",
+        "Public (transformers' Trainer): overridden for the D3S loss; with nothing down-sampled it is TRL's.",
+    ),
+    "GRPOTrainer.train": (
+        "(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None)",
+        "Public (transformers' Trainer): overridden to keep the initial weights for the KL metric before a checkpoint "
+        "loads (`on_train_begin` runs after).",
+    ),
+    "GRPOTrainer.create_optimizer": (
+        "(self, model=None)",
+        "Public (transformers' Trainer): overridden to wrap the optimizer's step (`optimizer_steps`).",
+    ),
+    # -- relied on, called
+    "GRPOTrainer._prepare_inputs": (
+        "(self, generation_batch)",
+        "Relied on, not overridden: it shuffles the generation batch and splits it into `steps_per_generation` "
+        "micro-batches, and the counts the glue shares between them (0-dim tensors) travel through it. No public "
+        "equivalent.",
+    ),
+    "GRPOTrainer.get_off_policy_mask": (
+        "(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)",
+        "Called: TRL's off-policy mask, so the D3S loss masks as TRL does. An undocumented static method.",
+    ),
+    "GRPOTrainer._get_output_dir": (
+        "(self, trial)",
+        "Called: the folder transformers writes a checkpoint to (a hyperparameter search changes it), where the prompt "
+        "history goes. No public equivalent.",
+    ),
+    # -- attributes read
+    "GRPOTrainer._step": (
+        ATTRIBUTE,
+        "Read: TRL's micro-batch counter gives the index of the generation batch, the schedule's clock. "
+        "`state.global_step` counts optimizer steps only.",
+    ),
+    "GRPOTrainer._metrics": (
+        ATTRIBUTE,
+        "Written: TRL's metric store, so the d3s/* metrics are averaged and logged with TRL's. `Trainer.log` would log "
+        "each value at its own step, apart from TRL's.",
+    ),
+    "GRPOTrainer.aux_loss_enabled": (
+        ATTRIBUTE,
+        "Read: whether a mixture-of-experts router loss trains, as TRL decided. Undocumented; recomputing it would "
+        "copy TRL's rule.",
+    ),
+    "GRPOTrainer.current_gradient_accumulation_steps": (
+        ATTRIBUTE,
+        "Read: transformers' accumulation count of the current step (smaller at an epoch's end), which divides the "
+        "loss as in TRL. Undocumented.",
+    ),
+    "GRPOTrainer._dist": (
+        ATTRIBUTE,
+        "Read by the shared-prefill path: FSDP's `summon_full_params` around generation, as TRL's "
+        "`_generate_single_turn` calls it. No public equivalent.",
+    ),
+    "GRPOTrainer.generation_config": (
+        ATTRIBUTE,
+        "Read by the shared-prefill path: TRL's generation settings, honoured as `generate` honours them. Undocumented.",
+    ),
+    "GRPOTrainer.generation_kwargs": (
+        ATTRIBUTE,
+        "Read by the shared-prefill path: passed to `unwrap_model_for_generation` as TRL passes them. Undocumented.",
+    ),
+    "GRPOTrainer.eos_token_ids": (
+        {">=1.14": ATTRIBUTE},
+        "Read by the shared-prefill path: the ids that end a completion, as TRL cuts completions (before TRL 1.14, "
+        "the tokenizer's eos: `eos_token_ids`). Undocumented.",
+    ),
+    # -- module-level names
+    "trl.trainer.utils.maybe_gather_lm_head_ctx": (
+        "(*params)",
+        "Called: gathers the LM head under DeepSpeed ZeRO-3 around the selective head, as TRL's fused head does. "
+        "Not in TRL's documented API; kept so both heads gather alike.",
+    ),
+    "trl.trainer.utils.use_adapter": (
+        "(model, adapter_name)",
+        "Called: switches a PEFT model to its reference (no adapter, or the 'ref' adapter) as TRL chooses the "
+        "reference. Not in TRL's documented API.",
+    ),
+    "trl.models.utils.disable_gradient_checkpointing": (
+        "(model, gradient_checkpointing_kwargs=None)",
+        "Called: the no-grad passes run without gradient checkpointing, as TRL's. Not in TRL's documented API.",
+    ),
+    "trl.trainer.utils._ChunkedLogProbFunction": (
+        {"==1.15.*": NAME},
+        "Set where TRL 1.15 left it None (no Triton): its own GRPOTrainer then cannot compute log-probs at all; the "
+        "plain-torch kernel takes its place. A fix of TRL 1.15 on such machines, not replaceable.",
+    ),
+    "trl.trainer.utils.add_fused_lm_head": (
+        {">=1.15": "(model, temperature=1.0, cast_lm_head_to_fp32=False, outputs=('log_probs',))"},
+        "Not called: `selective_head.head_scales` copies how it reads a model's logit scale and softcap, and a test "
+        "compares both heads.",
+    ),
 }
-"""Every private or undocumented TRL name the glue relies on: "Owner.name" -> the parameters of a method
-(defaults kept), `ATTRIBUTE` (set on the trainer by TRL) or `NAME` (a module-level name); or a dict from
-TRL version specifiers to those, where the supported versions differ (a version no specifier matches does not
-rely on the name)."""
+
+PRIVATE_TRL_API = {name: expected for name, (expected, _) in _PRIVATE_TRL_NAMES.items()}
+"""Every private or undocumented TRL name the glue relies on (and the public methods it overrides): "Owner.name" ->
+the parameters of a method (defaults kept), `ATTRIBUTE` (set on the trainer by TRL) or `NAME` (a module-level
+name); or a dict from TRL version specifiers to those, where the supported versions differ (a version no
+specifier matches does not rely on the name)."""
+
+PRIVATE_TRL_API_REASONS = {name: why for name, (_, why) in _PRIVATE_TRL_NAMES.items()}
+"""For each entry of `PRIVATE_TRL_API`: how the glue uses it, and why no public API does instead (docs/trl.md
+shows them as a table)."""
 
 REPLACED_TRL_METRICS = (
     "sampling/sampling_logp_difference/mean",
