@@ -109,7 +109,7 @@ def test_every_d3s_field_is_recorded_as_it_is(tmp_path):
         (dict(sample_selection="cross", n_init=9), "n_init=9"),
         (dict(sample_selection="cross", n_init=1), "n_init=1"),
         (dict(sample_selection="cross"), "needs n_init"),
-        (dict(sample_selection="random", n_init=4), "sample_selection='random'"),
+        (dict(sample_selection="uniform", n_init=4), "sample_selection='uniform'"),  # 'random' is a control
         (dict(token_selection=True, k_init=0.0), "k_init=0.0"),
         (dict(token_selection=True, k_init=1.5), "k_init=1.5"),
         (dict(token_selection=True), "needs k_init"),
