@@ -153,9 +153,14 @@ class TorchLogProbFunction:
             z = torch.nn.functional.linear(h, weight, bias).float() * logit_scale  # (n, V)
             if final_logit_softcapping is not None:
                 z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
-            log_p = (z / temperature).log_softmax(dim=-1)  # (n, V)
-            logps.append(log_p.gather(-1, targets[start : start + h.size(0), None]).squeeze(-1))  # (n,)
+            if temperature != 1.0:
+                z = z / temperature
+            # as TRL's `selective_log_softmax` and `entropy_from_logits` on float32 logits, the computation of
+            # TRL 1.14's own forward: the target's logit minus the row's logsumexp; -sum p log p
+            target = z.gather(-1, targets[start : start + h.size(0), None]).squeeze(-1)  # (n,)
+            logps.append(target - torch.logsumexp(z, dim=-1))  # (n,)
             if "entropy" in outputs:
+                log_p = z.log_softmax(dim=-1)  # (n, V)
                 entropies.append(-(log_p.exp() * log_p).sum(dim=-1))  # (n,)
         empty = hidden.new_zeros(0, dtype=torch.float32)
         logps = torch.cat(logps) if logps else empty
