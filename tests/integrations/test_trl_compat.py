@@ -190,6 +190,12 @@ def test_the_plain_torch_kernel_refuses_outputs_it_does_not_compute():
     lp, ent, *rest = compat.TorchLogProbFunction.apply(h, w, None, torch.tensor([1, 2]), 1.0, None, None, 1.0,
                                                        ("log_probs",))
     assert lp.shape == (2,) and ent is None and rest == [None, None, None]
+    none = torch.zeros(0, 4, requires_grad=True)  # no token: empty outputs, still part of the graph
+    lp, ent, *_ = compat.TorchLogProbFunction.apply(none, w, None, torch.zeros(0, dtype=torch.long), 1.0, None, None,
+                                                    1.0, ("log_probs", "entropy"))
+    assert lp.shape == ent.shape == (0,) and lp.requires_grad
+    (lp.sum() + ent.sum()).backward()
+    assert none.grad.shape == (0, 4)
     with pytest.raises(NotImplementedError, match="is_top1"):
         compat.TorchLogProbFunction.apply(h, w, None, torch.tensor([1, 2]), 1.0, None, None, 1.0,
                                           ("log_probs", "is_top1"))

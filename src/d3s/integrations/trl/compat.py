@@ -148,7 +148,8 @@ class TorchLogProbFunction:
             raise NotImplementedError(f"the plain-torch log-prob kernel computes {TorchLogProbFunction.OUTPUTS}, "
                                       f"not {sorted(unknown)}")
         logps, entropies = [], []
-        for start in range(0, hidden.size(0), TorchLogProbFunction.TOKEN_CHUNK):
+        # at least one chunk: with no token the outputs are still connected to the graph (an empty backward works)
+        for start in range(0, max(hidden.size(0), 1), TorchLogProbFunction.TOKEN_CHUNK):
             h = hidden[start : start + TorchLogProbFunction.TOKEN_CHUNK]  # (n, H)
             z = torch.nn.functional.linear(h, weight, bias).float() * logit_scale  # (n, V)
             if final_logit_softcapping is not None:
@@ -162,10 +163,7 @@ class TorchLogProbFunction:
             if "entropy" in outputs:
                 log_p = z.log_softmax(dim=-1)  # (n, V)
                 entropies.append(-(log_p.exp() * log_p).sum(dim=-1))  # (n,)
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        logps = torch.cat(logps) if logps else empty
-        entropy = (torch.cat(entropies) if entropies else empty) if "entropy" in outputs else None
-        return logps, entropy, None, None, None
+        return torch.cat(logps), (torch.cat(entropies) if "entropy" in outputs else None), None, None, None
 
 
 LOG_PROB_KERNEL = TorchLogProbFunction if ChunkedLogProbFunction is None else ChunkedLogProbFunction
