@@ -13,12 +13,14 @@ otherwise train silently wrong. `D3S_ALLOW_UNSUPPORTED_TRL=1` imports anyway, wi
 
 The shims, each for the versions named:
 - `log_prob_kernel`: TRL's chunked log-prob kernel (`trl.kernels.ChunkedLogProbFunction`, TRL >= 1.15) where it
-  imports, else `TorchLogProbFunction`, the same values in plain torch (TRL 1.14 has no such kernel, and
+  imports, else `TorchLogProbFunction`, the same values in plain torch (TRL <= 1.14 has no such kernel, and
   TRL 1.15's `trl.kernels` needs Triton, which CPU builds of torch lack);
 - `eos_token_ids`: the ids that end a completion (`GRPOTrainer.eos_token_ids` from TRL 1.14 on; before, the
   tokenizer's eos alone, as TRL then cut completions);
 - `unwrap_for_generation`: `unwrap_model_for_generation` called as the installed TRL calls it in
   `_generate_single_turn` (its `gradient_checkpointing_kwargs` exists from TRL 1.16 on).
+Elsewhere: `D3SGRPOTrainer._generate_single_turn` takes TRL's arguments before and after TRL 1.14 added
+`num_generations`, and `rewards` checks async reward functions the way each TRL awaits them.
 TRL's own imports live here too, so the rest of the package imports TRL from one place.
 """
 
@@ -58,8 +60,8 @@ __all__ = [
     "use_adapter",
 ]
 
-TRL_VERSION_RANGE = (Version("1.14.2"), Version("1.17"))
-"""TRL versions this glue is supported on: [1.14.2, 1.17) (docs/compatibility.md has the measurements)."""
+TRL_VERSION_RANGE = (Version("1.12.0"), Version("1.17"))
+"""TRL versions this glue is supported on: [1.12.0, 1.17) (docs/compatibility.md has the measurements)."""
 
 TRANSFORMERS_VERSION_RANGE = (Version("5.24.0"), Version("5.26"))
 """transformers versions this glue is supported on: [5.24.0, 5.26)."""
