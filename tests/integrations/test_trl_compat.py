@@ -178,7 +178,8 @@ def test_the_plain_torch_kernel_gives_the_log_probs_of_the_full_logits(softcap, 
     want_lp, want_ent = reference()
     want_grads = torch.autograd.grad((want_lp.sum() + 0.3 * want_ent.sum()), [hidden, weight] + ([b] if bias else []))
     for kernel in kernels:
-        lp, ent, *_ = kernel.apply(hidden, weight, b, targets, temperature, 16, softcap, scale, ("log_probs", "entropy"))
+        outputs = ("log_probs", "entropy")
+        lp, ent, *_ = kernel.apply(hidden, weight, b, targets, temperature, 16, softcap, scale, outputs)
         torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=1e-6)  # fp32, as the exactness tests
         torch.testing.assert_close(ent.double(), want_ent, rtol=1e-5, atol=1e-6)
         grads = torch.autograd.grad((lp.sum() + 0.3 * ent.sum()), [hidden, weight] + ([b] if bias else []))

@@ -249,11 +249,12 @@ _PRIVATE_TRL_NAMES = {
         "Not public: no callback is given the checkpoint folder a run resumes from.",
     ),
     "GRPOTrainer._get_per_token_logps_and_entropies": (
-        {"<1.14": _PER_TOKEN_LOGPS, "==1.14.*": "(self, model, *args, batch_size=None, compute_aux_loss=False, **kwargs)",
+        {"<1.14": _PER_TOKEN_LOGPS,
+         "==1.14.*": "(self, model, *args, batch_size=None, compute_aux_loss=False, **kwargs)",
          ">=1.15": _PER_TOKEN_LOGPS},
-        "Replaced on the instance while TRL generates (`generation.DeferredPasses`): TRL calls it as (model, input_ids, "
-        "attention_mask, logits_to_keep, ...) for its per-rollout passes, which then return placeholders and run later "
-        "for the kept rollouts only. Not public: no setting turns those passes off.",
+        "Replaced on the instance while TRL generates (`generation.DeferredPasses`): TRL calls it as (model, "
+        "input_ids, attention_mask, logits_to_keep, ...) for its per-rollout passes, which then return placeholders "
+        "and run later for the kept rollouts only. Not public: no setting turns those passes off.",
     ),
     "GRPOTrainer.compute_loss": (
         "(self, model, inputs, return_outputs=False, num_items_in_batch=None)",
@@ -312,7 +313,8 @@ _PRIVATE_TRL_NAMES = {
     ),
     "GRPOTrainer.generation_config": (
         ATTRIBUTE,
-        "Read by the shared-prefill path: TRL's generation settings, honoured as `generate` honours them. Undocumented.",
+        "Read by the shared-prefill path: TRL's generation settings, honoured as `generate` honours them. "
+        "Undocumented.",
     ),
     "GRPOTrainer.generation_kwargs": (
         ATTRIBUTE,
@@ -406,8 +408,9 @@ def check_supported(trl_version: str, transformers_version: str, found: dict[str
         return
     names = ", ".join(found) if len(found) <= 3 else ", ".join(list(found)[:3]) + f" and {len(found) - 3} more"
     mismatched = f"; private TRL names that do not match: {names}" if found else ""
-    raise ImportError(f"{_supported(trl_version, transformers_version)}{mismatched}. Install a supported version (pip install \"d3s[trl]\"), or set "
-                      f"{ALLOW_UNSUPPORTED}=1 to try this one anyway (docs/compatibility.md)")
+    raise ImportError(f"{_supported(trl_version, transformers_version)}{mismatched}. Install a supported version "
+                      f"(pip install \"d3s[trl]\"), or set {ALLOW_UNSUPPORTED}=1 to try this one anyway "
+                      "(docs/compatibility.md)")
 
 
 check_supported(TRL_INSTALLED or trl.__version__, TRANSFORMERS_INSTALLED or "0", trl_signature_mismatches(),
