@@ -13,12 +13,13 @@
 #   bash benchmarks/credit.sh steps         # default task, seeds 21-28: D1S-C and random selection for GRPO's steps
 #   bash benchmarks/credit.sh arith2digit   # arith-2digit, seeds 21-26, the same arms and rates
 #   bash benchmarks/credit.sh flat          # the flat-start task (3 terms of 1 digit), seeds 21-23: the shipped
-#                                           # setting against GRPO at its compute (does it fall below its start?)
+#                                           # setting against GRPO at its compute (does it fall below its start?),
+#                                           # and D1S-C without the recipes' skip_steps_without_signal
 #   bash benchmarks/credit.sh all           # tuning, choose, race, steps, arith2digit, flat
 #
 # D3S=... the command (default .venv/bin/d3s where scripts/setup.sh made it); RESULTS=... the folder of the
 # campaigns (default benchmarks/results); COMMIT=0 leaves the runs uncommitted. The rule the race decides by is
-# benchmarks/results/credit-race-default/RULE.md, committed before the race's first run.
+# benchmarks/results/credit-rule.md, committed before the race's first run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/d3s ]; then D3S=${D3S:-.venv/bin/d3s}; else D3S=${D3S:-d3s}; fi
@@ -41,21 +42,28 @@ SMALL_G="num_generations=4+per_device_train_batch_size=8"
 rate() { python3 -c "import sys; print(repr(float(sys.argv[1]) * float(sys.argv[2])))" "$LR" "$1"; }
 with_rate() { if [ "$2" = "$LR" ] || [ "$(rate 1)" = "$2" ]; then echo "$1"; else echo "$1+learning_rate=$2"; fi; }
 
+commit_path() {  # path message: commit that path alone; another git command holding the index is waited for,
+    local try  # and a commit that still fails is said, never the end of the campaign
+    for try in 1 2 3 4 5; do
+        if git add -- "$1" && git commit -q -m "$2" -- "$1"; then return 0; fi
+        sleep 5
+    done
+    echo "credit.sh: could not commit $1; commit it by hand" >&2
+}
+
 commit_runs() {  # folder: commit every finished run of it not yet committed, each by itself
     [ "$COMMIT" = 1 ] || return 0
-    local run
+    local run extra
     for run in "$1"/*/; do
         run=${run%/}
         [ -f "$run/summary.json" ] || continue
-        if [ -n "$(git status --porcelain -- "$run")" ]; then
-            git add -- "$run" && git commit -q -m "credit, $(basename "$1"): $(basename "$run")" -- "$run"
-        fi
+        [ -z "$(git status --porcelain -- "$run")" ] || commit_path "$run" "credit, $(basename "$1"): $(basename "$run")"
     done
-    for extra in "$1"/lscpu*.txt "$1"/compare.md "$1"/compare.json; do
-        if [ -f "$extra" ] && [ -n "$(git status --porcelain -- "$extra")" ]; then
-            git add -- "$extra" && git commit -q -m "credit, $(basename "$1"): $(basename "$extra")" -- "$extra"
-        fi
+    for extra in "$1"/lscpu*.txt "$1"/compare.md "$1"/compare.json "$1"/*.png; do
+        [ -f "$extra" ] && [ -n "$(git status --porcelain -- "$extra")" ] && \
+            commit_path "$extra" "credit, $(basename "$1"): $(basename "$extra")"
     done
+    return 0
 }
 
 lscpu_record() {  # folder: this machine's lscpu beside the runs (lscpu.txt, or lscpu-<family>-<model>.txt)
@@ -72,9 +80,9 @@ lscpu_record() {  # folder: this machine's lscpu beside the runs (lscpu.txt, or 
 compare_by_seed() {  # folder seeds variants [options...]: one d3s compare per seed, its runs committed after it
     local folder=$1 seeds=$2 variants=$3 s
     shift 3
-    lscpu_record "$folder"
     for s in ${seeds//,/ }; do
         $D3S compare "$@" --variants "$variants" --seeds "$s" "${COMMON[@]}" --output_dir "$folder"
+        lscpu_record "$folder"  # after the first compare: d3s compare claims only an empty folder or its own
         commit_runs "$folder"
     done
     $D3S compare "$@" --variants "$variants" --seeds "$seeds" "${COMMON[@]}" --output_dir "$folder" --plots true
@@ -131,8 +139,11 @@ arith2digit() {
         --reference "$(reference)" --config arith-2digit --heldout_size 500 --budget_points 10
 }
 
-flat() {  # the shipped default recipe's setting on the flat-start task, against GRPO at its compute
-    compare_by_seed "$RESULTS/credit-flat" $flat_seeds "$(reference),$(with_rate d1s-c "$(tuned d1s-c)")" \
+flat() {  # the shipped setting on the flat-start task against GRPO at its compute, and without the recipe's step skip
+    local d
+    d=$(tuned d1s-c)
+    compare_by_seed "$RESULTS/credit-flat" $flat_seeds \
+        "$(reference),$(with_rate d1s-c "$d"),$(with_rate d1s-c+skip_steps_without_signal=false "$d")" \
         "${BUDGET[@]}" --reference "$(reference)" "${FLAT_TASK[@]}"
 }
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 TIMING = {"wall_s", "train_wall_s", "command_wall_s", "step_seconds", "code_version", "step_time", "train_runtime",
           "d3s/generation_s_per_signal_group", "generation_s_per_signal_group",
-          "train_samples_per_second", "train_steps_per_second"}
+          "train_samples_per_second", "train_steps_per_second", "load", "load_start"}
 
 
 def without_timing(value):

@@ -691,6 +691,122 @@ def race_table_short(root: Path, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+# --- the controls' race (benchmarks/credit.sh; its rule: benchmarks/results/credit-rule.md) --------------------
+
+CREDIT_RACES = {"credit-race-default": ("the default task", 8, 5), "credit-race-arith2digit": ("arith-2digit", 6, 4)}
+"""Each race of the controls: its task, its seeds and its arms when finished."""
+CREDIT_ROLES = {"grpo": "tuned GRPO", "d1s-c": "D1S-C", "random": "random selection",
+                "small-g": "GRPO generating only what D1S-C trains on", "floor": "D3S + floor"}
+
+
+def credit_roles(c: dict) -> dict[str, str]:
+    """`{role: variant}` of a controls' race compare.json, the arms named as `benchmarks/credit.sh` names them."""
+    roles = {}
+    for v in c["variants"]:
+        if v == c["reference"]:
+            roles["grpo"] = v
+        elif "sample_selection=random" in v:
+            roles["random"] = v
+        elif v.startswith("grpo+num_generations="):
+            roles["small-g"] = v
+        elif v.startswith("d1s-c"):
+            roles["d1s-c"] = v
+        elif v.startswith("d3s"):
+            roles["floor"] = v
+    return roles
+
+
+def credit_finished(root: Path) -> bool:
+    """Whether both races of the controls hold every arm of every seed."""
+    for folder, (_, seeds, arms) in CREDIT_RACES.items():
+        if not race_has_data(root, folder):
+            return False
+        c = _compare(root, folder)
+        if len(c["seeds"]) < seeds or len(c["variants"]) < arms:
+            return False
+    return True
+
+
+def _word(ci: list[float] | None, p: float | None) -> str:
+    """'above', 'below' or 'not shown' (`d3s.app.compare.stats.shown`)."""
+    if ci is None or not shown(ci, p):
+        return "not shown"
+    return "above" if ci[0] > 0 else "below"
+
+
+def credit_against(c: dict, a: str, b: str) -> str:
+    """Arm `a` against arm `b` of one race, paired by seed at the budget, one comparison (uncorrected p)."""
+    per_a, per_b = c["variants"][a]["budget"]["per_seed"], c["variants"][b]["budget"]["per_seed"]
+    diffs = [per_a[s]["accuracy_at_budget"] - per_b[s]["accuracy_at_budget"] for s in per_a if s in per_b]
+    return _word(mean_interval(diffs), sign_flip_p_value(diffs))
+
+
+def credit_summary(words: list[str]) -> str:
+    """One verdict over the tasks: 'beat' (above on one, below on none), 'lost to', or 'was not shown to differ from'."""
+    if "above" in words and "below" not in words:
+        return "beat"
+    if "below" in words and "above" not in words:
+        return "lost to"
+    return "was not shown to differ from"
+
+
+def credit_below_start(root: Path, variant_prefix: str) -> list[str]:
+    """The runs of an arm (folders starting with `variant_prefix`, random-selection runs aside) on arith-2digit and the
+    flat-start task whose held-out accuracy fell below their own start."""
+    found = []
+    for folder in ("credit-race-arith2digit", "credit-flat"):
+        for summary in sorted((root / RESULTS / folder).glob(f"{variant_prefix}*-seed*/summary.json")):
+            if "sample_selection" in summary.parent.name or "skip_steps_without_signal=false" in summary.parent.name:
+                continue
+            if json.loads(summary.read_text()).get("below_start"):
+                found.append(f"{folder}/{summary.parent.name}")
+    return found
+
+
+def credit_outcome(root: Path) -> dict:
+    """The rule of benchmarks/results/credit-rule.md applied to the controls' races (both finished)."""
+    vs_grpo: dict[str, list[str]] = {}
+    selection, fewer = [], []
+    for folder in CREDIT_RACES:
+        c = _compare(root, folder)
+        roles, tests = credit_roles(c), arm_tests(c, "budget")
+        for role, v in roles.items():
+            if role != "grpo":
+                b = c["variants"][v]["budget"]
+                vs_grpo.setdefault(role, []).append(_word(b["diff_at_budget_ci"], tests[v]["p_value_holm"]))
+        selection.append(credit_against(c, roles["d1s-c"], roles["random"]))
+        fewer.append(credit_against(c, roles["d1s-c"], roles["small-g"]))
+    beats = {role: credit_summary(words) == "beat" for role, words in vs_grpo.items()}
+    collapsed = credit_below_start(root, "d1s-c")
+    ships = "d1s-c" if beats.get("d1s-c") and not collapsed else "grpo"
+    return {"beats": beats, "selection": credit_summary(selection), "fewer": credit_summary(fewer), "ships": ships,
+            "collapsed": collapsed, "d1s_c_beats": beats.get("d1s-c", False)}
+
+
+def credit_verdict(root: Path, prefix: str = "") -> str:
+    """The README's first word on what buys D1S-C's gain: the rule's outcome once the controls' races are in, what is
+    running until then."""
+    rule = f"[the rule fixed before they ran]({prefix}{RESULTS}/credit-rule.md)"
+    if not credit_finished(root):
+        return ("What buys D1S-C's gain is being tested: random selection of as many rollouts, GRPO generating only "
+                "what D1S-C trains on, and every arm at its own tuned learning rate, at tuned GRPO's compute "
+                f"(`bash benchmarks/credit.sh`, {rule}). Until they are in, the recipes' choice of D1S-C is "
+                "provisional.")
+    o = credit_outcome(root)
+    winners = [CREDIT_ROLES[r] for r, won in o["beats"].items() if won]
+    first = ("At tuned GRPO's compute, with every arm at its own tuned learning rate, "
+             + (f"{' and '.join(winners)} beat tuned GRPO" if winners else "no arm beat tuned GRPO") + ". ")
+    second = f"Max-variance selection {o['selection']} random selection of as many rollouts. "
+    if o["ships"] == "d1s-c":
+        third = f"So the recipes run D1S-C at its tuned rate ({rule})."
+    elif o["d1s_c_beats"]:
+        third = (f"The recipes run tuned GRPO ({rule}): D1S-C beat it but fell below its own start in "
+                 + ", ".join(o["collapsed"]) + ".")
+    else:
+        third = f"So the recipes run tuned GRPO ({rule})."
+    return first + second + third
+
+
 GPU_FOLDER = "gpu-h200"
 
 
@@ -801,6 +917,7 @@ FIGURES = {
     "generation-share": generation_share,
     "supported-versions": supported_versions,
     "private-trl-names": private_trl_names,
+    "credit-verdict": credit_verdict,
 }
 
 

@@ -3,7 +3,11 @@ does, read what a user would read, compare a run with an uninterrupted one, kill
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -17,7 +21,8 @@ from d3s.app.runfolder import LOCK_NAME
 
 TIMING_KEYS = ("wall_s", "step_time", "d3s/generation_s_per_signal_group")  # with d3s/time/*, the only fields
 # allowed to differ between two runs
-SUMMARY_TIMING_KEYS = ("train_wall_s", "command_wall_s", "step_seconds", "generation_s_per_signal_group")  # summary
+SUMMARY_TIMING_KEYS = ("train_wall_s", "command_wall_s", "step_seconds", "generation_s_per_signal_group",
+                       "load")  # summary: the machine's load around the run differs between any two runs too
 
 
 def train(out: Path, *extra: str) -> int:
@@ -53,6 +58,22 @@ def assert_same_run(out: Path, reference: Path) -> None:
     assert not any(diffs.values()), {k: v for k, v in diffs.items() if v}
     got, want = comparable_summary(out), comparable_summary(reference)
     assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+
+
+def full_disk(mp, *names: str) -> None:
+    """Opening a file whose name holds one of `names` for writing fails as on a full disk (ENOSPC), also through
+    `Path.open` and `Path.write_text`."""
+    real = builtins.open
+
+    def opening(file, mode="r", *args, **kwargs):
+        if not isinstance(file, int) and set(mode) & set("wax+"):
+            name = os.path.basename(os.fsdecode(file))
+            if any(n in name for n in names):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fsdecode(file))
+        return real(file, mode, *args, **kwargs)
+
+    mp.setattr(builtins, "open", opening)
+    mp.setattr(io, "open", opening)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

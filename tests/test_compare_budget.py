@@ -1,6 +1,7 @@
 """`d3s compare --budget reference`: every variant on the compute of the same seed's reference run. The budget
 summary on synthetic runs against a hand computation; a real comparison end to end (budgets, evaluation shares,
-tables, reuse); and the inputs it refuses in one line."""
+tables, reuse); a committed campaign in the FLOP convention of its time, tabled as it is and unable to budget a new
+run; and the inputs it refuses in one line."""
 
 from __future__ import annotations
 
@@ -11,13 +12,18 @@ from pathlib import Path
 import pytest
 
 from d3s import cli
-from d3s.app.compare.budget import budget_argv, budget_summary, curve
+from d3s.app.budget import FLOPS_CONVENTION, LEGACY_FLOPS_CONVENTION
+from d3s.app.compare.budget import STEP_CAP, budget_argv, budget_summary, curve
 from d3s.app.compare.command import refuse_mixed_machines
 from d3s.app.compare.markdown import _budget
+from d3s.app.compare.markdown import render_markdown
+from d3s.app.compare.summary import summarize
 from d3s.app.errors import RecipeError
 from d3s.app.intervals import mean_interval
 from d3s.app.machine import machine_description
 from d3s.app.plots import curve_at
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 # ---------------------------------------------------------------------------------------------
 # The summary, by hand
@@ -134,7 +140,7 @@ def test_a_budgeted_comparison_trains_every_variant_on_the_reference_compute(tmp
     assert [r["step"] for r in _records(ref) if r["type"] == "eval"] == [0, 1, 2, 3, 4]  # every 4 // 4 steps
     config = json.loads((run / "run_config.json").read_text())
     assert config["run"]["compute_budget"] == ref_summary["flops"]
-    assert config["trainer"]["max_steps"] == 8 * 4
+    assert config["trainer"]["max_steps"] == STEP_CAP * 4
     shares = [float(s) for s in config["run"]["budget_eval_shares"].split(",")]
     ref_evals = [r["flops"] / ref_summary["flops"] for r in _records(ref) if r["type"] == "eval" and 0 < r["step"] < 4]
     assert shares == pytest.approx(ref_evals, abs=1e-6)
@@ -142,7 +148,7 @@ def test_a_budgeted_comparison_trains_every_variant_on_the_reference_compute(tmp
     result = json.loads((root / "compare.json").read_text())
     assert result["mode"] == "budget" and result["reference"] == "grpo"
     b = result["variants"]["d3s"]["budget"]
-    assert b["unit"] == "flops" and set(b["per_seed"]) == {"1"}
+    assert b["unit"] == "flops" and set(b["per_seed"]) == {"1"} and result["flops_convention"] == FLOPS_CONVENTION
     assert b["per_seed"]["1"]["flops"] == summary["flops"]
     assert b["per_seed"]["1"]["accuracy_at_budget"] == summary["after"]["accuracy"]
     for key in ("diff_at_budget_mean", "diff_at_budget_ci", "auc_diff_mean", "auc_diff_ci"):
@@ -154,6 +160,33 @@ def test_a_budgeted_comparison_trains_every_variant_on_the_reference_compute(tmp
     err = capfd.readouterr().err
     assert err.count("reusing") == 2 and "running" not in err
     assert budget_argv(ref)[:2] == ["--compute_budget", repr(ref_summary["flops"])]
+
+
+def test_a_committed_campaign_tables_in_its_convention_and_cannot_budget_a_new_run(tmp_path):
+    """benchmarks/results/race-default was budgeted before FLOPs recorded a convention: its numbers are
+    `estimate-v1`, tabled and plotted as they were, said so, and its references refuse to budget a run to train."""
+    root = RESULTS / "race-default"
+    saved = json.loads((root / "compare.json").read_text())
+    summary = summarize(root, list(saved["variants"]), saved["seeds"], reference=saved["reference"], budget=True)
+    assert summary["flops_convention"] == LEGACY_FLOPS_CONVENTION
+    for v, row in saved["variants"].items():
+        for seed, p in row["budget"]["per_seed"].items():
+            mine = summary["variants"][v]["budget"]["per_seed"][seed]
+            assert (mine["flops"], mine["share_spent"], mine["auc"]) == (p["flops"], p["share_spent"], p["auc"])
+    md = render_markdown(summary, "d3s compare ...")
+    assert f"FLOPs are `{LEGACY_FLOPS_CONVENTION}`: estimated model FLOPs" in md
+    assert f"trained on the FLOPs (`{LEGACY_FLOPS_CONVENTION}`) of the same seed's grpo run" in md
+    pytest.importorskip("matplotlib")
+    from d3s.app.plots import plot_budget
+
+    assert plot_budget(summary, tmp_path / "b.png", title="t").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ref = root / "grpo-seed11"
+    flops = json.loads((ref / "summary.json").read_text())["flops"]
+    assert budget_argv(ref, to_train=False)[:2] == ["--compute_budget", repr(float(flops))]  # a finished run reused
+    with pytest.raises(RecipeError) as err:
+        budget_argv(ref)
+    message = str(err.value)
+    assert LEGACY_FLOPS_CONVENTION in message and FLOPS_CONVENTION in message and "\n" not in message
 
 
 @pytest.mark.parametrize("extra,named", [

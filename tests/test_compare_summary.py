@@ -15,21 +15,27 @@ from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.runfiles import no_signal_share
 
 
-def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1.0, 0.0), times=None):
-    """A finished run: train steps 1-4 (each computing 100 positions), evaluations at 0, 2 and 4; `times`:
+def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1.0, 0.0), times=None, flops=None,
+               flops_convention=None):
+    """A finished run: train steps 1-4 (each computing 100 positions; `flops` in all, a quarter per step, in
+    `flops_convention`, None: as runs recorded before they recorded one), evaluations at 0, 2 and 4; `times`:
     per-step timing fields, the same at every step."""
     folder.mkdir(parents=True)
-    records = [{"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "accuracy": curve[0]}]
+    spent = {} if flops is None else {"flops": 0.0}
+    records = [{"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, **spent, "accuracy": curve[0]}]
     for step in range(1, 5):
-        records.append({"type": "train", "step": step, "wall_s": 60.0 * step, "trained_tokens": 10.0 * step,
+        spent = {} if flops is None else {"flops": flops * step / 4}
+        records.append({"type": "train", "step": step, "wall_s": 60.0 * step, "trained_tokens": 10.0 * step, **spent,
                         "d3s/tokens_computed": 100.0, "frac_reward_zero_std": zero_std[step - 1], **(times or {})})
         if step % 2 == 0:
             records.append({"type": "eval", "step": step, "wall_s": 60.0 * step, "trained_tokens": 10.0 * step,
-                            "accuracy": curve[step // 2]})
+                            **spent, "accuracy": curve[step // 2]})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = {"steps": 4, "after": {"accuracy": final, "correct": round(final * 200), "n": 200},
                "before": {"accuracy": 0.4},
-               "train_wall_s": 240.0, "trained_tokens": 40.0, "code_version": version}
+               "train_wall_s": 240.0, "trained_tokens": 40.0, "code_version": version, "flops": flops}
+    if flops_convention is not None:
+        summary["flops_convention"] = flops_convention
     (folder / "summary.json").write_text(json.dumps(summary))
 
 
@@ -122,7 +128,7 @@ def test_summary_tables(tmp_path):
     assert "| d3s | 20.0 | 2.0 | 4.0 | 6.0 | 8.0 | 10.0 | not compared: machine unknown |" in md
     assert "| grpo | 42.0 | - | - | - | - | - | not compared: machine unknown |" in md
     assert "| not compared: machine unknown | 2.00x |" in md  # the cost table: speedup (wall), (computed)
-    assert "| d3s seed 3 | 80.0% | 4.0 min | - | 25.0% | `0.1.0+gdef` |" in md
+    assert "| d3s seed 3 | 80.0% | 4.0 min | - | 25.0% (flat) | `0.1.0+gdef` |" in md
 
 
 def test_generation_columns_and_run_settings(tmp_path):
@@ -287,3 +293,41 @@ def test_a_quiet_pair_gets_its_ratio_and_a_run_without_a_load_record_is_unverifi
     md = render_markdown(summarize(tmp_path, ["grpo", "d3s"], [1]), "d3s compare ...")
     assert "| 2.00x (unverified: no load record) | 2.00x |" in md
     assert "1 of 2 runs recorded no load average" in md
+
+
+def test_steps_without_signal_are_counted_per_run_and_added_up_per_variant():
+    from d3s.app.compare.markdown import _zero_gradient
+    from d3s.app.compare.summary import _sum_counts
+    from d3s.app.runfiles import zero_gradient_steps
+
+    records = [{"type": "train", "step": i + 1, "d3s/zero_gradient": z, "d3s/weights_moved": m,
+                "d3s/optimizer_skipped": k} for i, (z, m, k) in enumerate([(0, 1, 0), (1, 1, 0), (1, 0, 1), (1, 1, 0)])]
+    counts = zero_gradient_steps(records)
+    assert counts == {"steps": 4, "zero_gradient": 3, "moved": 2, "skipped": 1}
+    assert _zero_gradient(counts, 0.5) == "3 of 4 (moved 2, skipped 1)"
+    assert _sum_counts([counts, counts]) == {"steps": 8, "zero_gradient": 6, "moved": 4, "skipped": 2}
+    assert _sum_counts([counts, None]) is None  # a seed without the count: no total
+
+
+def test_flop_shares_only_between_runs_of_one_convention(tmp_path):
+    """grpo and d3s seed 1 counted FLOPs as runs did before they recorded a convention (estimate-v1); d3s seed 2 as
+    computed-v2: its FLOP share to the target is not given, and the tables say the runs mix conventions."""
+    for seed in (1, 2):
+        _write_run(tmp_path / f"grpo-seed{seed}", 0.6, [0.4, 0.5, 0.6], flops=400.0)
+    _write_run(tmp_path / "d3s-seed1", 0.6, [0.4, 0.6, 0.6], flops=200.0)
+    _write_run(tmp_path / "d3s-seed2", 0.6, [0.4, 0.6, 0.6], flops=200.0, flops_convention="computed-v2")
+    summary = summarize(tmp_path, ["grpo", "d3s"], [1, 2])
+    per_seed = {p["seed"]: p for p in summary["variants"]["d3s"]["per_seed"]}
+    assert [per_seed[s]["flops_convention"] for s in (1, 2)] == ["estimate-v1", "computed-v2"]
+    assert per_seed[1]["to_target_vs_reference"]["flops_share"] == 0.25  # 100 of 400 FLOPs at step 2
+    assert per_seed[2]["to_target_vs_reference"]["flops_share"] is None
+    assert summary["flops_convention"] == "mixed"
+    md = render_markdown(summary, "d3s compare ...")
+    assert "| d3s | 1 | 2 | 2.0 min | not compared: machine unknown | 0.50 | 0.25 | machine unknown |" in md
+    assert "| d3s | 2 | 2 | 2.0 min | not compared: machine unknown | 0.50 | - | machine unknown |" in md
+    assert "**The runs counted their FLOPs in different conventions**" in md
+    assert "- d3s: seed 1 `estimate-v1`, seed 2 `computed-v2`" in md
+
+    one = summarize(tmp_path, ["grpo"], [1, 2])
+    assert one["flops_convention"] == "estimate-v1"
+    assert "FLOPs are `estimate-v1`: estimated model FLOPs" in render_markdown(one, "d3s compare ...")

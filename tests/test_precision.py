@@ -46,13 +46,15 @@ def test_bf16_precision_trains_under_autocast_and_is_recorded(tmp_path):
     grad_norms = {}
     for precision in ("bf16", "fp32"):
         out = tmp_path / precision
-        # the step needs a group with signal (else both gradients are 0): seed 0's draws of the generate path have one
+        # the step needs a group with signal (else both gradients are 0): seed 1's first step on the generate path
+        # has one
         assert train(out, "--precision", precision, "--max_steps", "1", "--eval_every", "0", "--plots", "false",
-                     "--variant", "grpo", "--shared_prefill_generation", "false") == 0
+                     "--variant", "grpo", "--shared_prefill_generation", "false", "--seed", "1") == 0
         grad_norms[precision] = [r["grad_norm"] for r in records(out) if r["type"] == "train"]
         trainer = json.loads((out / "run_config.json").read_text())["trainer"]
         assert trainer["mixed_precision"] == ("bf16" if precision == "bf16" else "no")
     assert len(grad_norms["bf16"]) == len(grad_norms["fp32"]) == 1
+    assert grad_norms["fp32"][0] > 0
     assert grad_norms["bf16"] != grad_norms["fp32"]
 
 

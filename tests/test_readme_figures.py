@@ -294,3 +294,80 @@ def test_the_default_recipe_runs_the_variant_the_rule_decided():
     assert decided is not None  # the campaign it was decided on is finished
     assert recipe["variant"] == decided
     assert recipe["min_tokens_per_rollout"] == 4  # `--variant d3s` on it is the floor the race ran
+
+
+# --- the controls' race: the rule of benchmarks/results/credit-rule.md, applied to made-up races ---------------
+
+def _credit_race(root: Path, folder: str, accuracies: dict[str, list[float]]) -> None:
+    """A budget compare.json whose arms end at `accuracies` per seed (the first arm the reference), with the paired
+    interval and the Holm-corrected sign-flip p-values `d3s compare` writes."""
+    from d3s.app.intervals import mean_interval
+
+    ref = next(iter(accuracies))
+    seeds = list(range(21, 21 + len(accuracies[ref])))
+    diffs = {v: [a - r for a, r in zip(accs, accuracies[ref])] for v, accs in accuracies.items() if v != ref}
+    tests = figures.paired_tests(diffs)
+    variants = {}
+    for v, accs in accuracies.items():
+        budget = {"per_seed": {str(s): {"accuracy_at_budget": a} for s, a in zip(seeds, accs)}}
+        if v != ref:
+            budget.update(diff_at_budget_ci=list(mean_interval(diffs[v])), **tests[v])
+        variants[v] = {"budget": budget}
+    out = root / figures.RESULTS / folder
+    out.mkdir(parents=True)
+    (out / "compare.json").write_text(json.dumps({"mode": "budget", "reference": ref, "seeds": seeds,
+                                                  "variants": variants}))
+
+
+GRPO, D1SC, RANDOM = "grpo+learning_rate=6e-05", "d1s-c", "d1s-c+sample_selection=random"
+SMALL = "grpo+num_generations=4+per_device_train_batch_size=8+learning_rate=6e-05"
+NOISE = [0.01, -0.01, 0.02, 0.0, -0.02, 0.01, 0.0, -0.01]
+
+
+def _credit_races(root: Path, d1s_c_gain: float, random_gain: float) -> None:
+    base = [0.6 + n for n in NOISE]
+    _credit_race(root, "credit-race-default", {
+        GRPO: base, D1SC: [b + d1s_c_gain + n / 2 for b, n in zip(base, NOISE[::-1])],
+        RANDOM: [b + random_gain + n for b, n in zip(base, NOISE)], SMALL: [b - 0.005 * (i % 3) for i, b in enumerate(base)],
+        "d3s+learning_rate=3e-05": [b + n for b, n in zip(base, NOISE[::-1])]})
+    _credit_race(root, "credit-race-arith2digit", {
+        GRPO: base[:6], D1SC: [b + n for b, n in zip(base, NOISE[2:])], RANDOM: [b - n for b, n in zip(base, NOISE)],
+        SMALL: [b + n / 2 for b, n in zip(base, NOISE[1:])]})
+
+
+def test_the_controls_verdict_says_what_is_running_until_both_races_are_in(tmp_path):
+    assert "provisional" in figures.credit_verdict(tmp_path)
+    _credit_races(tmp_path, 0.1, 0.0)
+    (tmp_path / figures.RESULTS / "credit-race-arith2digit" / "compare.json").unlink()
+    assert "is being tested" in figures.credit_verdict(tmp_path)
+
+
+def test_the_controls_verdict_credits_the_selection_only_against_its_controls(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
+    text = figures.credit_verdict(tmp_path)
+    assert text.startswith("At tuned GRPO's compute, with every arm at its own tuned learning rate, D1S-C beat tuned GRPO.")
+    assert "Max-variance selection beat random selection of as many rollouts." in text
+    assert "So the recipes run D1S-C at its tuned rate" in text
+
+
+def test_when_random_selection_does_as_well_the_selection_gets_no_credit(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.10)
+    text = figures.credit_verdict(tmp_path)
+    assert "D1S-C and random selection beat tuned GRPO" in text
+    assert "Max-variance selection was not shown to differ from random selection" in text
+
+
+def test_no_arm_above_tuned_grpo_ships_grpo_and_says_so_first(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.0, random_gain=0.0)
+    text = figures.credit_verdict(tmp_path)
+    assert text.startswith("At tuned GRPO's compute, with every arm at its own tuned learning rate, no arm beat tuned GRPO.")
+    assert "So the recipes run tuned GRPO" in text
+
+
+def test_a_winner_that_fell_below_its_start_does_not_ship(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
+    run = tmp_path / figures.RESULTS / "credit-flat" / "d1s-c-seed22"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"below_start": [{"step": 40}]}))
+    text = figures.credit_verdict(tmp_path)
+    assert "The recipes run tuned GRPO" in text and "fell below its own start in credit-flat/d1s-c-seed22" in text

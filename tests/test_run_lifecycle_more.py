@@ -172,6 +172,22 @@ def test_an_unfinished_run_whose_run_config_lacks_its_settings_is_refused(full_r
     unchanged_but_lock(out, before)
 
 
+def test_an_unfinished_run_of_another_flops_convention_is_refused(full_run, tmp_path, capsys):
+    """A run begun before FLOPs recorded their convention (`estimate-v1`, docs/compare.md) is not continued from a
+    checkpoint: its records would hold two conventions."""
+    out = unfinished(full_run, tmp_path / "run")
+    (out / LOCK_NAME).touch()
+    config = json.loads((out / "run_config.json").read_text())
+    del config["flops_convention"]
+    (out / "run_config.json").write_text(json.dumps(config))
+    before = snapshot(out)
+    assert train(out, "--resume", "true") == 2
+    assert one_line(capsys) == (f"d3s train: error: {out} counted its FLOPs as estimate-v1 and this d3s counts them as "
+                                "computed-v2 (docs/compare.md); a run's records hold one convention: finish it with "
+                                "the d3s that started it, or start a new run in another --output_dir")
+    unchanged_but_lock(out, before)
+
+
 def test_compare_resumes_a_run_whose_summary_lacks_its_fields(full_run, tmp_path, capfd):
     """`d3s compare` does not reuse it (it used to fail with `KeyError: 'after'`): the run writes it again."""
     root = tmp_path / "cmp"
@@ -418,30 +434,43 @@ def test_a_run_file_that_cannot_be_written_stops_the_run_in_one_line(full_run, t
     assert_same_run(out, full_run)
 
 
-@pytest.mark.parametrize("error", [
-    RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: file "
-                 "write failed"),  # torch.save on a full disk
-    OSError(errno.ENOSPC, "No space left on device"),
-])
-def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(full_run, tmp_path, monkeypatch, capfd, error):
+def _safetensors_full():
+    from safetensors import SafetensorError
+
+    return SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("writer,error,reason", [
+    ("torch.save", RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
+                                "data/0: file write failed"), "file write failed"),
+    ("torch.save", RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),
+     "file write failed"),  # what torch.save says on a full tmpfs
+    ("torch.save", OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
+    ("safetensors", _safetensors_full(), "No space left on device"),  # the weights, on a full tmpfs
+], ids=["torch-stream-writer", "torch-unexpected-pos", "enospc", "safetensors"])
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(full_run, tmp_path, monkeypatch, capfd, writer,
+                                                                       error, reason):
     """A full disk while checkpoint-2 is written: one line, no traceback, no second try; then the same command
     (with --resume true) ends in the uninterrupted run."""
     import torch
+    from transformers import modeling_utils
 
     out = tmp_path / "run"
-    save = torch.save
+    module, name = (torch, "save") if writer == "torch.save" else (modeling_utils, "safe_save_file")
+    save, tries = getattr(module, name), []
 
     def failing_save(obj, f, *args, **kwargs):
         if "checkpoint-2" in str(f):
+            tries.append(str(f))
             raise error
         return save(obj, f, *args, **kwargs)
 
     with monkeypatch.context() as mp:
-        mp.setattr(torch, "save", failing_save)
+        mp.setattr(module, name, failing_save)
         assert train(out) == 1
     err = capfd.readouterr().err
     assert "Traceback" not in err, err[-3000:]
-    reason = "file write failed" if isinstance(error, RuntimeError) else "No space left on device"
+    assert len(tries) == 1, tries  # no second try at saving on a full disk
     assert lines(err)[-1] == (f"d3s train: stopped: a checkpoint cannot be written ({reason}) after step 2; no step "
                               "was saved; run the same command again to start over"), lines(err)[-3:]
     assert train(out, "--resume", "true") == 0
@@ -497,34 +526,45 @@ import os, signal, sys
 from d3s import cli
 from d3s.app import runfiles
 write = runfiles._write
+name = sys.argv[1]
 def half_then_die(path, text, mode):
-    if os.path.basename(path).startswith(".compare.json.tmp-"):
+    if os.path.basename(path).startswith(f".{name}.tmp-"):
         with open(path, mode) as f:
             f.write(text[: len(text) // 2])
         os.kill(os.getpid(), signal.SIGKILL)
     return write(path, text, mode)
 runfiles._write = half_then_die
-sys.exit(cli.main(["compare", *sys.argv[1:]]))
+sys.exit(cli.main(["compare", *sys.argv[2:]]))
 """
 
+OUTPUTS = ("compare.png", "compare.md", "compare.json")  # in the order compare writes them
 
+
+@pytest.mark.parametrize("name", OUTPUTS)
 @pytest.mark.parametrize("earlier", [True, False], ids=["over_an_old_one", "first"])
-def test_a_kill_while_compare_writes_compare_json_leaves_the_old_one_or_none(full_run, tmp_path, earlier):
+def test_a_kill_while_compare_writes_an_output_leaves_the_old_one_or_none(full_run, tmp_path, earlier, name):
+    """A SIGKILL in the middle of any output's write: no output is truncated, and compare.json (written last) is
+    new only when every other output is."""
     root = tmp_path / "cmp"
     compared_run(full_run, root)
     argv = ["--config", "smoke", "--variants", "d3s", "--seeds", "0", "--output_dir", str(root)]
-    old = None
+    old = {}
     if earlier:
         assert compare(root) == 0
-        old = (root / "compare.json").read_bytes()
-    done = subprocess.run([sys.executable, "-c", KILLED_WRITING, *argv], capture_output=True, text=True, timeout=300)
+        old = {n: (root / n).read_bytes() for n in OUTPUTS}
+    done = subprocess.run([sys.executable, "-c", KILLED_WRITING, name, *argv], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
-    if earlier:
-        assert (root / "compare.json").read_bytes() == old
-    else:
-        assert not (root / "compare.json").exists()
-    assert compare(root) == 0  # the same command again writes it whole
+    for n in OUTPUTS[OUTPUTS.index(name):]:  # this one and every later one: as they were, or absent
+        if earlier:
+            assert (root / n).read_bytes() == old[n], n
+        else:
+            assert not (root / n).exists(), n
+    if name != "compare.png" or earlier:  # a whole PNG, never a truncated one
+        assert (root / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert compare(root) == 0  # the same command again writes them whole, and removes the killed one's leftover
     json.loads((root / "compare.json").read_text())
+    assert not list(root.glob(".*.tmp-*"))
 
 
 def test_compare_json_that_cannot_be_written_is_one_line_and_keeps_the_old_one(full_run, tmp_path, monkeypatch,

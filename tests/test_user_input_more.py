@@ -130,6 +130,9 @@ WRONG = [
     (lambda completions, **kw: None, "NoneType None;"),
     (lambda completions, **kw: {"r": 1.0}, "dict {'r': 1.0};"),
     (lambda completions, **kw: [1.0], "1 rewards for 3 completions"),
+    (lambda completions, **kw: [1e308] * len(completions),
+     "1e+308 for completion 0, beyond float32's range (+-3.403e+38) in which TRL keeps rewards, where it would be inf"),
+    (lambda completions, **kw: [0.0, -1e39, 0.0], "-1e+39 for completion 1, beyond float32's range"),
 ]
 
 

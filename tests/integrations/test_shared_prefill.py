@@ -210,6 +210,7 @@ def test_option_off_is_trl_generate(tmp_path):
     ({"repetition_penalty": 1.2}, "repetition_penalty"),
     ({"generation_kwargs": {"num_beams": 2}}, "num_beams"),
     ({"generation_kwargs": {"no_repeat_ngram_size": 3}}, "no_repeat_ngram_size"),
+    ({"generation_kwargs": {"eos_token_id": [3, 4]}}, r"eos_token_id=\[3, 4\] is not honoured"),  # TRL stops there
     ({"cache_implementation": "static"}, "cache_implementation"),
 ])
 def test_settings_it_cannot_honour_are_refused(tmp_path, settings, named):

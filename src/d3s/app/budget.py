@@ -1,18 +1,29 @@
-"""Compute: the estimated model FLOPs of a run, and training until a compute budget is spent (docs/compare.md).
+"""Compute: the model FLOPs a run computes, and training until a compute budget is spent (docs/compare.md).
 
-A run's compute is counted in a machine-independent unit, estimated model FLOPs, from positions the
-trainer counts (`D3SGRPOTrainer.d3s_positions`, TRL's `num_tokens`), with N the model's non-embedding
-parameters (input and output embeddings left out, as in Kaplan et al. 2020):
+A run's compute is counted in a machine-independent unit, model FLOPs of the matrix multiplications its passes
+run, from the positions the trainer counts where each pass runs (`D3SGRPOTrainer.d3s_positions`,
+`d3s.integrations.trl.positions`). With N_body the parameters of the body's matrices (every matrix outside the
+input and output embeddings; SmolLM2-135M: 106.17M) and N_head = d_model x vocab those of the LM head (28.31M):
 
-    FLOPs = 2 N (generated + no_grad) + 6 N trained
+    FLOPs = 2 N_body (prefill + decode + no_grad) + 6 N_body trained
+          + 2 N_head (generation_head + no_grad_head) + 8 N_head trained_head
 
-- generated: prompt and completion tokens of every rollout (TRL's `num_tokens`: a prompt's positions
-  count once per rollout, padding not at all, whatever the generation path computed);
+- prefill, decode: positions of generation's forwards as the generation path computed them (the shared-prefill
+  path prefills each distinct prompt once and decodes only the rows still generating; transformers' `generate`
+  prefills every row's padded prompt and decodes every row until the longest completion ends);
 - no_grad: positions of the scoring passes without gradient (old-policy, reference, entropy);
-- trained: positions of the training forwards (padding included, as computed), each forward 2N and its
-  backward 4N per position.
+- trained: positions of the training forwards (padding included), each forward 2 N_body and its backward 4 N_body;
+- generation_head: where generation runs the head (the last prefill position of each prefill call, every decode
+  position); no_grad_head: where the scoring passes run it (and a training forward without gradient);
+  trained_head: where a training forward runs it with gradient, 8 N_head per position: the chunked log-prob
+  kernel's forward 2, and its backward 6 (it recomputes the logits, then the two gradients).
 
-Held-out evaluations and the KL monitor are measurement, not training, and are not counted.
+Left out: attention's scores and values (about 4 n_layers d_attn ctx per position forward, 2-4% of the body's
+FLOPs at the default recipe's 60-120-token contexts), norms, activations and softmax, and the forward that gradient
+checkpointing recomputes in the backward (a memory-for-compute trade of the recipe; torch stops it early where it
+can, 1.5 N_body per trained position of a Llama layer instead of 2). Held-out evaluations and the
+KL monitor are measurement, not training, and are not counted. This is convention `FLOPS_CONVENTION`; runs made
+before it counted `LEGACY_FLOPS_CONVENTION` (`FLOPS_CONVENTIONS` says what each counts).
 
 With a budget (`d3s train --compute_budget F`) the run trains until it has spent F, whatever the number of
 steps: `Budget` is the one rule for when it stops and when it evaluates, a pure function of the run's
@@ -24,37 +35,88 @@ rate and D3S's N/K schedule follow the share of the budget spent (`budget_lr_sch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from d3s.app.errors import RecipeError
 
-HORIZON = 100_000
-"""The virtual number of steps over which a budgeted run replays its learning-rate schedule's shape."""
+FLOPS_CONVENTION = "computed-v2"
+"""How `d3s train` counts a run's FLOPs now (the module docstring); recorded in `run_config.json` and `summary.json`."""
+
+LEGACY_FLOPS_CONVENTION = "estimate-v1"
+"""How runs counted them before they recorded a convention: a run without `flops_convention` counted these."""
+
+FLOPS_CONVENTIONS = {
+    LEGACY_FLOPS_CONVENTION: "estimated model FLOPs: 2N per prompt and completion token of every rollout (a prompt "
+                             "once per rollout) and per scoring position, 6N per trained position, N the parameters "
+                             "outside the embeddings, the LM head left out",
+    FLOPS_CONVENTION: "model FLOPs as computed: generation as its path ran it (each distinct prompt prefilled once on "
+                      "the shared-prefill path), the body's matrices 2 per parameter and position forward and 4 "
+                      "backward, the LM head where it runs (8 per parameter and position with gradient), attention's "
+                      "scores left out",
+}
+"""What each FLOP convention counts, in one line (docs/compare.md gives the formulas)."""
+
+RECORD_COUNTS = {
+    "prefill": "prefill_positions",
+    "decode": "decode_positions",
+    "generation_head": "generation_head_positions",
+    "no_grad": "no_grad_tokens",
+    "no_grad_head": "no_grad_head_positions",
+    "trained": "computed_tokens",
+    "trained_head": "trained_head_positions",
+}
+"""Each count of the trainer's positions (`d3s.integrations.trl.positions.COUNTS`) -> the field of a train record
+of `metrics.jsonl` that holds its running total (a resumed run continues from them)."""
 
 
-def non_embedding_parameters(model) -> int:
-    """Parameters of `model` outside its input and output embeddings (a tied head counted once, and left out)."""
+def flops_convention(saved: Mapping | None) -> str:
+    """The FLOP convention a run's `summary.json` or `run_config.json` records (`LEGACY_FLOPS_CONVENTION` where it
+    records none: it was made before they were)."""
+    return (saved or {}).get("flops_convention") or LEGACY_FLOPS_CONVENTION
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The parameters a position's FLOPs are counted from."""
+
+    n_body: int
+    """Parameters of the body's matrix multiplications: every parameter of two or more dimensions outside the input
+    and output embeddings (norm weights and biases left out)."""
+    n_head: int
+    """Parameters of the LM head's matrix: d_model x vocab (also when tied to the input embedding)."""
+
+
+def model_shape(model) -> ModelShape:
+    """The `ModelShape` of a transformers causal LM (a tied head counted once, as the head)."""
+    head = model.get_output_embeddings()
     skip = set()
-    for get in ("get_input_embeddings", "get_output_embeddings"):
-        module = getattr(model, get, lambda: None)()
+    for module in (model.get_input_embeddings(), head):
         if module is not None:
             skip.update(id(p) for p in module.parameters())
-    seen, total = set(), 0
+    seen, n_body = set(), 0
     for p in model.parameters():
-        if id(p) not in seen and id(p) not in skip:
+        if id(p) not in seen and id(p) not in skip and len(getattr(p, "ds_shape", p.shape)) >= 2:
             seen.add(id(p))
-            total += parameter_count(p)
-    return total
+            n_body += parameter_count(p)
+    return ModelShape(n_body=n_body, n_head=parameter_count(head.weight) if head is not None else 0)
 
 
-def estimated_flops(n_params: int, generated: float, trained: float, no_grad: float) -> float:
-    """`2 N (generated + no_grad) + 6 N trained` (see the module docstring)."""
-    return 2.0 * n_params * (generated + no_grad) + 6.0 * n_params * trained
+def computed_flops(shape: ModelShape, counts: Mapping[str, float]) -> float:
+    """The FLOPs of `counts` (`RECORD_COUNTS`' keys: positions of the body and of the LM head per kind of pass), by
+    the formula of the module docstring."""
+    body_forward = counts["prefill"] + counts["decode"] + counts["no_grad"]
+    head_forward = counts["generation_head"] + counts["no_grad_head"]
+    return (2.0 * shape.n_body * (body_forward + 3.0 * counts["trained"])
+            + 2.0 * shape.n_head * (head_forward + 4.0 * counts["trained_head"]))
 
 
 def parameter_count(p) -> int:
     """A parameter's size, also where DeepSpeed ZeRO-3 holds only a shard of it."""
     return int(getattr(p, "ds_numel", p.numel()))
+
+
+HORIZON = 100_000
+"""The virtual number of steps over which a budgeted run replays its learning-rate schedule's shape."""
 
 
 @dataclass
@@ -72,7 +134,7 @@ class Budget:
 
     def __post_init__(self) -> None:
         if not self.flops > 0:
-            raise RecipeError(f"compute_budget={self.flops!r} must be > 0 (estimated model FLOPs)")
+            raise RecipeError(f"compute_budget={self.flops!r} must be > 0 (model FLOPs)")
         bad = [s for s in self.eval_shares if not 0 < s < 1]
         if bad or list(self.eval_shares) != sorted(set(self.eval_shares)):
             raise RecipeError(f"budget_eval_shares={','.join(map(str, self.eval_shares))}: give increasing shares "
@@ -129,7 +191,7 @@ def budget_lr_scheduler(args, optimizer, progress: Callable[[], float]):
 
     if getattr(args, "warmup_steps", 0) and args.warmup_steps >= 1:
         raise RecipeError(f"warmup_steps={args.warmup_steps} counts steps, which a compute budget does not fix; give "
-                          "the warmup as a share (warmup_steps < 1, or warmup_ratio)")
+                          "the warmup as a share of the budget: warmup_steps below 1 (e.g. 0.1, the first tenth)")
     shape = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(HORIZON),
                           num_training_steps=HORIZON, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
     if not isinstance(shape, torch.optim.lr_scheduler.LambdaLR) or len({id(f) for f in shape.lr_lambdas}) != 1:
@@ -161,15 +223,14 @@ def budget_summary(budget: Budget | None, flops: Sequence[float]) -> dict | None
 
 
 def count_compute(trainer, callback, model, run_log) -> None:
-    """Set a run's trainer to count its FLOPs (N of `model`, the budget), continuing a resumed run's counts from
-    its last record."""
-    trainer.d3s_n_params = non_embedding_parameters(model)
+    """Set a run's trainer to count its FLOPs (the shape of `model`, the budget), continuing a resumed run's counts
+    from its last record."""
+    trainer.d3s_shape = model_shape(model)
     trainer.d3s_budget = callback.budget
     callback.trainer = trainer
     last = run_log.last("train")
     if last is not None:
-        trainer.d3s_positions.trained = last.get("computed_tokens") or 0.0
-        trainer.d3s_positions.no_grad = last.get("no_grad_tokens") or 0.0
+        trainer.d3s_positions.restore({name: last.get(field) for name, field in RECORD_COUNTS.items()})
 
 
 def check_budget(run, config) -> None:

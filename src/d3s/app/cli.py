@@ -28,6 +28,7 @@ from d3s.app.errors import Terminated, UsageError
 from d3s.app.evaluation.report import load_results, render_report, render_table
 from d3s.app.evaluation.runner import EvalConfig, run_eval
 from d3s.app.options import dataclass_parser, parse_command, parse_dataclasses
+from d3s.app.runfiles import RunFileError, atomic_write_text
 from d3s.app.train import cmd_train
 
 USAGE_EXIT = 2
@@ -100,9 +101,9 @@ def cmd_eval_table(argv: Sequence[str]) -> int:
     print(table, end="")
     if output is not None:
         try:
-            output.write_text(table, encoding="utf-8")
-        except OSError as err:
-            raise UsageError(f"--output {args.output!r} cannot be written ({err.strerror})") from None
+            atomic_write_text(output, table)
+        except RunFileError as err:
+            raise UsageError(f"--output {args.output!r} cannot be written ({err.reason})") from None
     return 0
 
 

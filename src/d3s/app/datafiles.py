@@ -168,8 +168,8 @@ def read_rows(path: Path) -> list[tuple[int, Any]]:
     lines, 0 for a row of a JSON document or a parquet file.
 
     `.jsonl`: JSON lines. `.json`: one JSON document (a list of rows, `{key: [rows]}` or
-    `{column: [values]}`), or JSON lines. `.parquet`: its rows, read with pyarrow. Rows are returned as
-    they are (a caller checks that each is a mapping with the fields it needs).
+    `{column: [values]}`), or JSON lines. `.parquet`: its rows, read with pyarrow, a binary cell decoded as UTF-8
+    (`cell_text`). Rows are returned as they are (a caller checks that each is a mapping with the fields it needs).
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -190,8 +190,23 @@ def read_rows(path: Path) -> list[tuple[int, Any]]:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise DataFileError(f"not a readable parquet file ({first})") from None
         sys.stderr.write(held.text)  # a file that reads: what the library said is kept
-        return [(0, row) for row in table.to_pylist()]
+        rows = table.to_pylist()
+        for i, row in enumerate(rows):  # a binary column: its text, never `str(bytes)` ("b'What is...'")
+            for key, value in row.items():
+                if isinstance(value, (bytes, bytearray)):
+                    row[key] = cell_text(value, f"row {i} column {key!r}")
+        return [(0, row) for row in rows]
     raise DataFileError(f"unsupported file type {suffix!r}; use one of {', '.join(SUFFIXES)}")
+
+
+def cell_text(value: bytes | bytearray, where: str) -> str:
+    """A binary cell of a data file (a parquet `binary` column, a hub dataset's bytes) as UTF-8 text;
+    `DataFileError` names `where` (its row and column) and the first byte that is not UTF-8."""
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataFileError(f"{where} holds bytes that are not UTF-8 text (byte {value[err.start]:#04x} at offset "
+                            f"{err.start}); store the column as text (a string column)") from None
 
 
 class _Held:

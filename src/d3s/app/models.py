@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from d3s.app.errors import ModelLoadError
+from d3s.app.runfiles import writing
 from d3s.app.runfolder import publish_folder
 
 if TYPE_CHECKING:
@@ -100,16 +101,21 @@ def save_complete(target: Path, *parts: Any) -> None:
     """Save `parts` (a model, a tokenizer: anything with `save_pretrained`) as the folder `target`.
 
     They are written into a temporary folder beside `target`, which then replaces `target` in one
-    rename (`publish_folder`): an interrupted save leaves the old folder or none, never half of one.
+    rename (`publish_folder`): an interrupted save leaves the old folder or none, never half of one. A full disk
+    (however the library says it: safetensors' `SafetensorError`, an `OSError`) is one `RunFileError` line naming
+    the cache, and the temporary folder is removed.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        for part in parts:
-            part.save_pretrained(tmp)
-        publish_folder(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    hint = ("nothing was cached (D3S_CACHE holds the model cache): free space there or set D3S_CACHE to a folder "
+            "with room" if target.parent.name == "models" else "nothing was saved")
+    with writing(target, hint):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            for part in parts:
+                part.save_pretrained(tmp)
+            publish_folder(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # Tiny random models for smoke runs, tests and benchmarks: seconds to build, no files from anywhere.

@@ -1,14 +1,15 @@
 """PNG plots of runs from their `metrics.jsonl` (the paper's figures 1-4 for a run of your own).
 
 `plot_run`: one run, a grid of panels. `plot_compare`: several runs overlaid, one colour per variant,
-one line style per seed.
+one line style per seed. Every plot is written atomically (`_save`).
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
-from d3s.app.runfiles import read_run_records, with_computed_tokens
+from d3s.app.runfiles import atomic_write_bytes, read_run_records, with_computed_tokens
 
 # (record key, panel title, x axis)
 _PANELS = [
@@ -28,6 +29,17 @@ _PANELS = [
 _XLABEL = {"step": "step", "wall_s": "training wall-clock (min)", "trained_tokens": "tokens in the loss",
            "computed_tokens": "positions computed (training forward)"}
 
+
+
+def _save(plt, fig, out: Path) -> None:
+    """Write the figure to `out` atomically (`atomic_write_bytes`): a kill or a full disk leaves the old plot or
+    none, never a truncated one beside finished tables; a write that fails is a `RunFileError` naming it."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(out, buffer.getvalue())
 
 
 def _series(records: list[dict], key: str, x: str) -> tuple[list[float], list[float]]:
@@ -87,8 +99,7 @@ def plot_run(metrics: Path, out: Path, title: str = "") -> Path:
         _draw(ax, [(title or "run", records, {"color": "C0"})], key, panel_title, x)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out)
     return out
 
 
@@ -106,8 +117,7 @@ def plot_compare(runs: dict[str, list[tuple[int, Path]]], out: Path, title: str 
     axes[1].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out)
     return out
 
 
@@ -151,12 +161,11 @@ def plot_budget(summary: dict, out: Path, title: str = "", grid_points: int = 10
     acc.set_title("held-out accuracy", fontsize=10)
     diff.set_title(f"difference to {reference}, same seed (points)", fontsize=10)
     for ax in (acc, diff):
-        ax.set_xlabel(f"compute spent (share of the same seed's {reference} run's estimated FLOPs)", fontsize=8)
+        ax.set_xlabel(f"compute spent (share of the same seed's {reference} run's FLOPs)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out)
     return out

@@ -7,7 +7,8 @@ the start; and what it refuses to continue.
 - A resume compares this recipe with the run's `run_config.json` (`d3s.app.runfolder.training_changes`) and
   refuses one that changes training, also of a finished run. A `run_config.json` that is damaged cannot be
   compared: the resume is refused, naming it. (A finished run recorded before `run_config.json` existed is
-  finished as it is.)
+  finished as it is.) A run whose records count FLOPs in another convention than this d3s
+  (`d3s.app.budget.flops_convention`) is not continued from a checkpoint.
 - A checkpoint is used only when complete (`d3s.app.runfolder.complete_checkpoints`) and recorded in
   `metrics.jsonl`; the others are skipped, each with its reason.
 
@@ -20,6 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from d3s.app.budget import flops_convention
 from d3s.app.run_args import RunArgs
 from d3s.app.runfiles import read_run_config, read_run_records, read_summary
 from d3s.app.runfolder import STAGING_NAME, RunFolderError, checkpoint_step, complete_checkpoints, training_changes
@@ -123,6 +125,13 @@ def _check_same_training(out: Path, now: dict, notes: list[str]) -> None:
             f"--resume true with a recipe that changes training ({'; '.join(changed)}); resume with the run's own "
             f"recipe (in {out / 'run_config.json'}) or start a new run in another --output_dir. Free to change: "
             "eval_every, plots, logging, saving and hub settings"
+        )
+    counted, counts = flops_convention(read_run_config(out)[0]), flops_convention(now)
+    if counted != counts:
+        raise RunFolderError(
+            f"{out} counted its FLOPs as {counted} and this d3s counts them as {counts} (docs/compare.md); a run's "
+            "records hold one convention: finish it with the d3s that started it, or start a new run in another "
+            "--output_dir"
         )
     if free:
         notes.append(f"resuming with changed settings that do not change training: {'; '.join(free)}")

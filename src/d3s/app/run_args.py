@@ -56,7 +56,7 @@ class RunArgs:
         metadata={"help": "Evaluate held-out accuracy every this many steps (0: only before and after training)."},
     )
     compute_budget: float = field(default=0.0, metadata={
-        "help": "Train until this many estimated model FLOPs are spent (docs/compare.md), whatever the steps: "
+        "help": "Train until this many model FLOPs are spent (docs/compare.md), whatever the steps: "
                 "max_steps is then only a cap, and the learning rate and D3S's N/K schedule follow the share of "
                 "the budget spent. 0: off, max_steps decides. `d3s compare --budget reference` sets it."})
     budget_eval_shares: str = field(default="", metadata={
@@ -97,7 +97,7 @@ class RunArgs:
         if self.eval_every < 0 or self.eval_max_new_tokens < 0:
             raise RecipeError(f"eval_every={self.eval_every}, eval_max_new_tokens={self.eval_max_new_tokens} must be >= 0")
         if self.compute_budget < 0 or self.compute_budget != self.compute_budget:
-            raise RecipeError(f"compute_budget={self.compute_budget} must be >= 0 (estimated model FLOPs; 0: off)")
+            raise RecipeError(f"compute_budget={self.compute_budget} must be >= 0 (model FLOPs; 0: off)")
         if self.budget_eval_shares and not self.compute_budget:
             raise RecipeError(f"budget_eval_shares={self.budget_eval_shares!r} needs compute_budget > 0")
         if self.compute_budget:

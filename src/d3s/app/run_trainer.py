@@ -33,7 +33,7 @@ from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
 from d3s.app import below_start
-from d3s.app.budget import Budget, budget_lr_scheduler, budget_spent, estimated_flops
+from d3s.app.budget import RECORD_COUNTS, Budget, ModelShape, budget_lr_scheduler, budget_spent, computed_flops
 from d3s.app.runfolder import STAGING_NAME, UnloadableCheckpoint, publish_folder
 from d3s.integrations.private_api import ATTRIBUTE, NAME
 from d3s.integrations.trl import D3SGRPOTrainer
@@ -156,16 +156,14 @@ class RunTrainer(D3SGRPOTrainer):
     _d3s_staging: str | None = None
     d3s_resume_point: dict | None = None
     d3s_saved_step: int | None = None
-    # Under a compute budget (`d3s.app.budget`): the budget, N, and the FLOPs spent when the current step began
+    # The compute (`d3s.app.budget`): the model's shape, the budget, and the FLOPs spent when the current step began
     d3s_budget: Budget | None = None
-    d3s_n_params: int = 0
+    d3s_shape: ModelShape | None = None
     d3s_step_start_flops: float = 0.0
 
     def d3s_flops(self) -> float:
-        """Estimated model FLOPs spent so far (`d3s.app.budget`), from the live position counts."""
-        positions = self.d3s_positions
-        return estimated_flops(self.d3s_n_params, self.state.num_input_tokens_seen, positions.trained,
-                               positions.no_grad)
+        """Model FLOPs spent so far (`d3s.app.budget.computed_flops`), from the live position counts."""
+        return computed_flops(self.d3s_shape, self.d3s_positions.totals)
 
     def d3s_progress(self) -> float:
         """Under a compute budget, the share of it spent before this step; otherwise the share of the steps."""
@@ -290,7 +288,7 @@ class RunTrainer(D3SGRPOTrainer):
             # counters the next step advances before it finishes
             "num_input_tokens_seen": self.state.num_input_tokens_seen,
             "total_flos": self.state.total_flos + self.current_flos,
-            "positions": (self.d3s_positions.trained, self.d3s_positions.no_grad),
+            "positions": self.d3s_positions.snapshot(),
         }
 
     def d3s_rewind_to_resume_point(self) -> None:
@@ -299,7 +297,7 @@ class RunTrainer(D3SGRPOTrainer):
         set_rng_states(point["rng"])
         self.state.num_input_tokens_seen = point["num_input_tokens_seen"]
         self.state.total_flos, self.current_flos = point["total_flos"], 0
-        self.d3s_positions.trained, self.d3s_positions.no_grad = point["positions"]
+        self.d3s_positions.restore(point["positions"])
 
 
 class RunCallback(TrainerCallback):
@@ -341,7 +339,12 @@ class RunCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.perf_counter()
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and self.budget is not None:  # its length is the budget; steps are a cap
+            spent = self.trainer.d3s_flops() if self.trainer is not None else 0.0
+            self.bar = tqdm(total=100, initial=round(100 * self.budget.progress(spent), 1), desc="d3s train",
+                            dynamic_ncols=True, file=sys.stderr,
+                            bar_format="{desc}: {n:.0f}% of the compute budget|{bar}| [{elapsed}<{remaining}{postfix}]")
+        elif state.is_world_process_zero:
             self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="d3s train", dynamic_ncols=True,
                             file=sys.stderr)
         # Resumed at a step whose held-out evaluation was cut off by the stop: the checkpoint holds
@@ -366,13 +369,16 @@ class RunCallback(TrainerCallback):
                   "trained_tokens": self.trained_tokens, "generated_tokens": self.generated_tokens,
                   "computed_tokens": self.computed_tokens, "no_grad_tokens": self.no_grad_tokens,
                   **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-        if self.trainer is not None and self.trainer.d3s_n_params:
+        if self.trainer is not None and self.trainer.d3s_shape is not None:
             record["flops"] = self.trainer.d3s_flops()
+            totals = self.trainer.d3s_positions.totals  # the running counts the FLOPs are read from
+            record.update({field: totals[name] for name, field in RECORD_COUNTS.items() if field not in record})
         if self.trainer is not None:
             record["prompt_hashes"] = list(self.trainer.d3s_prompt_hashes)  # the step's distinct prompts, in order
         self.run_log.add(record)
         if self.bar is not None:
-            self.bar.set_postfix(self._bar_fields(logs), refresh=False)
+            steps = {"step": state.global_step} if self.budget is not None else {}  # the bar counts the budget
+            self.bar.set_postfix({**steps, **self._bar_fields(logs)}, refresh=False)
         # After the step's record (logs come after on_step_end), before its checkpoint is saved
         if self._eval_due(state.global_step, state.max_steps):
             self.run_eval(state.global_step)
@@ -398,7 +404,10 @@ class RunCallback(TrainerCallback):
             if self.budget.done(spent, spent - self.trainer.d3s_step_start_flops):
                 control.should_training_stop = True
         if state.is_world_process_zero and self.bar is not None:
-            self.bar.update(state.global_step - self.bar.n)
+            if self.budget is not None and self.trainer is not None:
+                self.bar.update(round(100 * self.budget.progress(self.trainer.d3s_flops()), 1) - self.bar.n)
+            else:
+                self.bar.update(state.global_step - self.bar.n)
 
     def run_eval(self, step: int) -> dict:
         t = time.perf_counter()

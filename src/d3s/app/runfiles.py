@@ -1,15 +1,17 @@
 """The files a run writes, written so that nothing saved is lost, and read back one way, so that a damaged
 one is never used.
 
-- `run_config.json` (the run's settings, recipe, code version, machine and its load at the start),
-  `summary.json` (written last: the run is finished) and `metrics.jsonl` (one record per step and kind). A file
-  that exists and cannot be used is *damaged*, whatever the reason: unreadable, not UTF-8, not JSON, or without
-  the fields its readers need (`{}` is as damaged as `{broken`). `read_run_config` and `read_summary` say why in
-  one short phrase, and every reader of these files goes through them; `read_run_records` keeps one record per
-  step and kind.
-- Writes: `atomic_write_text` replaces a file (a reader or a kill sees the old file or the new one, never a
-  part) and `RunLog` appends records. A write that fails (a full disk, a read-only folder) raises
-  `RunFileError` naming the file and why, in one line; what was written before stays as it was.
+- `run_config.json` (the run's settings, recipe, code version, machine and its load at the start), `summary.json`
+  (written last: the run is finished) and `metrics.jsonl` (one record per step and kind). A file that exists and cannot be used
+  is *damaged*, whatever the reason: unreadable, not UTF-8, not JSON, or without the fields its readers need
+  (`{}` is as damaged as `{broken`). `read_run_config` and `read_summary` say why in one short phrase, and
+  every reader of these files goes through them; `read_run_records` keeps one record per step and kind.
+- Writes: `atomic_write_text` and `atomic_write_bytes` replace a file (a reader or a kill sees the old file or
+  the new one, never a part), `append_line` appends a record (`RunLog`, `d3s eval`'s `samples.jsonl`). A write
+  that fails (a full disk, a read-only folder) raises `RunFileError` naming the file and why, in one line; what
+  was written before stays as it was. `write_failure` is the one test of "a full disk" for every writer, however
+  the library that wrote says it (an `OSError`, torch's `RuntimeError`, safetensors' `SafetensorError`), and
+  `writing(path)` turns one into that line.
 - What the records say of a run: seconds per step and its parts, steps without signal, the token cut,
   what generation bought (`d3s compare` reports them), and `run_summary`, what `summary.json` holds.
 """
@@ -20,46 +22,102 @@ import contextlib
 import errno
 import json
 import os
+import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from d3s.app.budget import FLOPS_CONVENTION
 from d3s.app.errors import RunFolderError
 
 
 class RunFileError(RunFolderError):
-    """A run file that cannot be written (a full disk, a read-only folder); the message names it and why."""
+    """An output file that cannot be written (a full disk, a read-only folder), however the library that wrote it
+    said so (`write_failure`); the message names it and why, in one line. `hint` replaces the default ending."""
 
-    def __init__(self, path: Path, err: OSError):
-        self.path, self.reason = Path(path), err.strerror or type(err).__name__
-        super().__init__(f"{path} cannot be written ({self.reason}); what was saved before is intact")
+    def __init__(self, path: Path, err: BaseException | str, hint: str = "what was saved before is intact"):
+        reason = err if isinstance(err, str) else write_failure(err) or getattr(err, "strerror", None)
+        self.path, self.reason = Path(path), reason or type(err).__name__
+        super().__init__(f"{path} cannot be written ({self.reason}); {hint}")
 
 
-_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+_ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]|os error (\d+)\)|code: (\d+)")
+"""An errno inside a library's message: Python's `[Errno 28]`, Rust's `(os error 28)` (safetensors) and `code: 28`."""
+
+_TORCH_WRITE_FAILED = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
+"""What torch's archive writer (`torch.save`: `inline_container.cc`) says when the file system stops taking bytes."""
+
+_WRITE_PHRASES = ("No space left on device", "Disk quota exceeded", "Read-only file system", "File too large")
 
 
 def write_failure(err: BaseException) -> str | None:
-    """Why a file could not be written, if that is what `err` (or what caused it) says: an OSError of a full disk
-    or a folder that cannot be written, or torch's `RuntimeError` of a failed write."""
+    """Why a file could not be written, if that is what `err` (or what caused it) says, else None: the one test of
+    "a full disk or a folder that cannot be written" for every writer of a run, compare or eval output.
+
+    Recognised: an `OSError` of a full disk, a quota, a read-only or unwritable folder, a file too large, an I/O
+    error (`_WRITE_ERRNOS`); torch's `RuntimeError` of a failed archive write (`unexpected pos ...`,
+    `PytorchStreamWriter failed ...`: "file write failed", torch does not say why); safetensors'
+    `SafetensorError` (`... No space left on device (os error 28)`) and any other library error that carries
+    such an errno or phrase."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
-            return err.strerror or os.strerror(err.errno)
-        if isinstance(err, RuntimeError) and ("file write failed" in str(err) or "No space left" in str(err)):
-            return "file write failed"
+        if isinstance(err, OSError) and err.errno is not None:
+            if err.errno in _WRITE_ERRNOS:
+                return err.strerror or os.strerror(err.errno)
+        elif isinstance(err, (OSError, RuntimeError)) or type(err).__name__ == "SafetensorError":
+            text = str(err)
+            if any(phrase in text for phrase in _TORCH_WRITE_FAILED):
+                return "file write failed"
+            found = _ERRNO_IN_TEXT.search(text)
+            code = int(next(g for g in found.groups() if g)) if found else None
+            if code in _WRITE_ERRNOS:
+                return os.strerror(code)
+            phrase = next((p for p in _WRITE_PHRASES if p in text), None)
+            if phrase:
+                return phrase
         err = err.__cause__ or err.__context__
     return None
 
 
-def _write(path: Path, text: str, mode: str) -> None:
-    """Write (`mode` "w") or append ("a") `text` to `path`; every run file is written here. A replaced file
-    is flushed to the disk before it is renamed into place."""
-    with open(path, mode, encoding="utf-8") as f:
+@contextlib.contextmanager
+def writing(path: Path, hint: str = "what was saved before is intact") -> Iterator[None]:
+    """Inside, an `OSError` or an error that `write_failure` recognises (a full disk, however the library says it)
+    is a `RunFileError` naming `path`; any other error passes unchanged."""
+    try:
+        yield
+    except RunFileError:
+        raise
+    except Exception as err:
+        if not isinstance(err, OSError) and write_failure(err) is None:
+            raise
+        raise RunFileError(path, err, hint) from None
+
+
+def _write(path: Path, text: str | bytes, mode: str) -> None:
+    """Write (`mode` "w", "wb") or append ("a") `text` to `path`: every run, compare and eval file is written here.
+    A replaced file is on the disk before it returns (it is renamed into place next)."""
+    with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
         f.write(text)
-        if mode == "w":
+        if mode != "a":
             f.flush()
             os.fsync(f.fileno())
+
+
+def append_line(path: Path, line: str, *, sync: bool = False) -> None:
+    """Append `line` to `path` (a record of `metrics.jsonl`, a problem of `samples.jsonl`); with `sync`, on the disk
+    before it returns. A write that fails raises `RunFileError`; a part of the line may be left at the end of the
+    file, which its readers drop (a cut-off last line)."""
+    with writing(path):
+        _write(path, line, "a")
+        if sync:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:
@@ -76,20 +134,28 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """`atomic_write_text` for bytes (a plot)."""
+    _atomic_write(Path(path), data, "wb")
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Replace `path` by `text` so that a reader (or a kill) sees the old file or the new one, never a part.
 
     The text goes to a temporary file beside it, which is renamed over `path` once written in full; a
     write that fails (`RunFileError`) or is interrupted removes the temporary file and leaves `path` as it was."""
-    path = Path(path)
+    _atomic_write(Path(path), text, "w")
+
+
+def _atomic_write(path: Path, data: str | bytes, mode: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        _write(tmp, text, "w")
+        _write(tmp, data, mode)
         os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):
+        if isinstance(err, OSError) or isinstance(err, Exception) and write_failure(err):
             raise RunFileError(path, err) from None
         raise
     fsync_dir(path.parent)
@@ -250,10 +316,7 @@ class RunLog:
     def add(self, record: dict) -> None:
         """Append `record`; a failed write raises `RunFileError` and leaves the record out of memory too."""
         if self.writer:
-            try:
-                _write(self.path, json.dumps(record) + "\n", "a")
-            except OSError as err:
-                raise RunFileError(self.path, err) from None
+            append_line(self.path, json.dumps(record) + "\n")
         self.records.append(record)
 
     def drop(self, kind: str, step: int) -> None:
@@ -415,6 +478,7 @@ def run_summary(run, config, steps: int, heldout_size: int, before: dict | None,
         "generated_tokens": last_train.get("generated_tokens"),
         "computed_tokens": last_train.get("computed_tokens"),
         "flops": last_train.get("flops"),
+        "flops_convention": FLOPS_CONVENTION,
         "budget": budget,
         "no_signal_steps": no_signal_share(run_log.records),
         "zero_gradient_steps": zero_gradient_steps(run_log.records),

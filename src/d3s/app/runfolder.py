@@ -33,7 +33,7 @@ from typing import Any, Literal, get_args
 
 import d3s
 from d3s.app.errors import RecipeError, RunFolderError
-from d3s.app.runfiles import fsync_dir, read_run_config, read_summary
+from d3s.app.runfiles import fsync_dir, read_run_config, read_summary, write_failure
 
 LOCK_NAME = ".d3s-run.lock"
 STAGING_NAME = ".staging"
@@ -65,9 +65,9 @@ class RunLock:
             self.fd = None
 
 
-def _lock(fd: int, out: Path) -> RunLock:
+def _lock(fd: int, out: Path, command: str = "d3s train") -> RunLock:
     """Take the flock of the open lock file `fd` of `out` and write this process into it; refuse (closing
-    `fd`) when another live run holds it, naming that run."""
+    `fd`) when another live process of `command` holds it, naming that process."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: no flock; the folder checks still apply
@@ -84,11 +84,16 @@ def _lock(fd: int, out: Path) -> RunLock:
         os.close(fd)
         holder = holder or "unknown process"
         raise RunFolderError(
-            f"output_dir {str(out)!r} is in use by another d3s train ({holder}); wait for it to end or pick "
+            f"output_dir {str(out)!r} is in use by another {command} ({holder}); wait for it to end or pick "
             "another --output_dir"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    except OSError as err:  # a full disk: the lock is held, but who holds it cannot be written
+        os.close(fd)
+        raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({write_failure(err) or err.strerror})") \
+            from None
     return RunLock(fd, out)
 
 
@@ -134,6 +139,25 @@ def claim_folder(out: Path, held: RunLock | None = None) -> RunLock:
     except OSError as err:
         raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({err.strerror})") from None
     return _lock(fd, out)
+
+
+def lock_folder(out: Path, lock_name: str, command: str) -> RunLock:
+    """The flock of `out/lock_name` for a live `command` (`d3s eval`), taken: another one holding it is refused in
+    one line naming it. `out` must exist; a lock file that cannot be made is a `RunFolderError`."""
+    try:
+        fd = os.open(Path(out) / lock_name, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise RunFolderError(f"output_dir {str(out)!r} cannot be written ({err.strerror})") from None
+    return _lock(fd, Path(out), command)
+
+
+def holds_comparison(root: Path) -> bool:
+    """Whether the folder `root` is a `d3s compare` output: its `compare.json` or `compare.md`, or a run folder of
+    one (`<setting>-seed<seed>` holding a d3s run)."""
+    root = Path(root)
+    if any((root / name).is_file() for name in ("compare.json", "compare.md")):
+        return True
+    return any(p.is_dir() and "-seed" in p.name and is_run_folder(p) for p in root.iterdir())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,12 +400,29 @@ _INERT_UNLESS = {
 }
 
 
+def data_change(saved: dict, now: dict) -> str | None:
+    """How the dataset of two `run_config.json` contents differs in content under the same name (their `data`
+    records its SHA-256, `d3s.app.tasks.dataset_digest`), or None (the same, or not recorded: a run made before it
+    was, a hub dataset)."""
+    old, new = saved.get("data") or {}, now.get("data") or {}
+    if not (old.get("sha256") and new.get("sha256")) or old["sha256"] == new["sha256"]:
+        return None
+    if old.get("dataset") != new.get("dataset"):  # another file: the `dataset` field names the change
+        return None
+    return (f"dataset {new.get('dataset')!r}: its content changed since the run was trained (sha256 "
+            f"{old['sha256'][:12]}... -> {new['sha256'][:12]}...)")
+
+
 def training_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """Compare two `run_config.json` contents: `(changes that alter training, free changes)`, each as
     `field: old -> new`. Fields missing on one side are compared against None (a field of
     `ADDED_FIELDS`: against the value runs had before it existed). A token-cut option that differs between two
-    runs without a token cut (a schedule clock, between two runs without a linear schedule) is a free change."""
+    runs without a token cut (a schedule clock, between two runs without a linear schedule) is a free change.
+    A dataset whose content changed under the same name (`data_change`) is a change that alters training."""
     changed, free = [], []
+    data = data_change(saved, now)
+    if data:
+        changed.append(data)
     for section, allowed in (("run", FREE_RUN_FIELDS), ("trainer", FREE_TRAINER_FIELDS)):
         a, b = saved.get(section) or {}, now.get(section) or {}
         for name in sorted(set(a) | set(b)):

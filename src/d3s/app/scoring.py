@@ -124,6 +124,22 @@ def _parse_gold(gold: str, timeout_s: int) -> tuple[Any, ...]:
     )
 
 
+def gold_problem(gold: str, *, timeout_s: int = 5) -> str | None:
+    """Why math-verify cannot read the gold answer `gold` (one short phrase), or None when it can: it parses to
+    an expression, not only to its text (`\\frac{` parses to nothing but the string, which a completion's answer
+    equals only where it repeats that broken text: its problem scores 0 for nearly every completion)."""
+    _, timeout_exc = _math_verify()
+    try:
+        parsed = _parse_gold(gold, timeout_s)
+    except timeout_exc:
+        return f"parsing timed out after {timeout_s}s"
+    except Exception as e:  # noqa: BLE001 - sympy/latex2sympy raise anything on odd input
+        return f"{type(e).__name__}"
+    if not any(not isinstance(p, str) for p in parsed):
+        return "no expression in it"
+    return None
+
+
 def score_math(
     completion: str, gold: str, *, timeout_s: int = 5, require_boxed: bool = False
 ) -> Score:

@@ -26,14 +26,15 @@ number).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from d3s.app.datafiles import BadJsonLine, DataFileError, NotUtf8, read_rows
+from d3s.app.datafiles import BadJsonLine, DataFileError, NotUtf8, cell_text, read_rows
 from d3s.app.errors import RecipeError, SettingsError
-from d3s.app.scoring import completion_text, score_arith, score_math
+from d3s.app.scoring import completion_text, gold_problem, score_arith, score_math
 
 ARITH_INSTRUCTION = "Answer with only the final number."
 
@@ -291,6 +292,7 @@ class TaskData:
     reward: Callable  # TRL reward function (completions, answer=..., **columns) -> list[float]
     score: Callable[[str, str], float]  # (completion, gold answer) -> 0.0 / 1.0
     key: dict  # what identifies the held-out set, for the cached base-model score
+    notes: list[str] = field(default_factory=list)  # what the user should know of the data (rows left out, ...)
 
 
 def math_reward(completions, answer, **_) -> list[float]:
@@ -347,12 +349,37 @@ def _hub_rows(config: MathTaskConfig, fields: dict[str, str]) -> tuple[list[tupl
     return [(0, row) for row in ds], lambda n, i: f"dataset {config.dataset!r} row {i}"
 
 
+def dataset_digest(dataset: str) -> str | None:
+    """The SHA-256 of a local dataset's bytes (a file; a folder: every file in it, with its path), or None for a
+    hub dataset (its content is not read here). Recorded with a run (`run_config.json`), so that a resumed or
+    reused run never continues on data that changed under the same name."""
+    path = Path(dataset).expanduser() if dataset else None
+    if path is None or not path.exists():
+        return None
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+    for f in files:
+        digest.update(f"{f.relative_to(path) if f != path else f.name}\0".encode())
+        with open(f, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
 def load_math_rows(config: MathTaskConfig) -> list[dict]:
     """The `{question, answer}` rows of a math dataset; a bad file, row or column is a one-line error
     naming the file, the line and the column."""
+    return [row for row, _ in _math_rows(config)]
+
+
+def _math_rows(config: MathTaskConfig) -> list[tuple[dict, str]]:
+    """`load_math_rows`, each row with where it is (`dataset d.jsonl line 3`), for messages."""
     fields = {"question_field": config.question_field, "answer_field": config.answer_field}
     path = Path(config.dataset).expanduser()
     if path.suffix in (".json", ".jsonl", ".parquet") or path.is_file():
+        if path.is_dir():
+            raise RecipeError(f"dataset {str(path)!r} is a folder, not a file; give the .json/.jsonl/.parquet file "
+                              "itself")
         if not path.is_file():
             raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
         numbered, where = _file_rows(path)
@@ -368,11 +395,16 @@ def load_math_rows(config: MathTaskConfig) -> list[dict]:
                 raise RecipeError(f"{where(number, i)}: no column {column!r} ({name}); the row has "
                                   f"{', '.join(map(str, row)) or 'no columns'}")
             value = row[column]
+            if isinstance(value, (bytes, bytearray)):  # a binary column of a hub dataset
+                try:
+                    value = cell_text(value, f"column {column!r}")
+                except DataFileError as err:
+                    raise RecipeError(f"{where(number, i)}: {err}") from None
             if value is None or isinstance(value, (bool, list, dict)) or not str(value).strip():
                 raise RecipeError(f"{where(number, i)}: column {column!r} is {value!r}; expected a non-empty "
                                   "string or number")
             values[name] = str(value)
-        rows.append({"question": values["question_field"], "answer": values["answer_field"]})
+        rows.append(({"question": values["question_field"], "answer": values["answer_field"]}, where(number, i)))
     return rows
 
 
@@ -385,10 +417,61 @@ def build_task(config: TaskConfig, n_train: int) -> TaskData:
             raise RecipeError(f"arith task: {err}") from None
         return TaskData("arith", train, heldout, config.instruction, arith_reward, score_arith,
                         {"task": asdict(config)})
-    rows = load_math_rows(config)
+    rows = _math_rows(config)
     if len(rows) <= config.heldout_size:
         raise RecipeError(f"dataset {config.dataset!r} has {len(rows)} rows, not more than heldout_size="
                           f"{config.heldout_size}; lower heldout_size or use a larger dataset")
     heldout, train = rows[-config.heldout_size :], rows[: -config.heldout_size]
-    return TaskData("math", train, heldout, config.instruction, math_reward, score_math_answer,
-                    {"dataset": config.dataset, "split": config.split, "heldout": heldout})
+    train, notes = _without_heldout_questions(config, train, heldout)
+    notes += _check_gold_answers(config, train, heldout)
+    heldout_rows = [row for row, _ in heldout]
+    return TaskData("math", [row for row, _ in train], heldout_rows, config.instruction, math_reward, score_math_answer,
+                    {"dataset": config.dataset, "split": config.split, "heldout": heldout_rows}, notes)
+
+
+def question_key(question: str) -> str:
+    """What makes two questions of a dataset the same problem: their words, white space aside."""
+    return " ".join(question.split())
+
+
+Located = list[tuple[dict, str]]  # rows, each with where it is in the dataset
+
+
+def _without_heldout_questions(config: MathTaskConfig, train: Located, heldout: Located) -> tuple[Located, list[str]]:
+    """The training rows whose question is not also a held-out one (`question_key`), as the arith task keeps them
+    disjoint; a note says how many went. A dataset whose every training row is held out is refused."""
+    held = {question_key(row["question"]) for row, _ in heldout}
+    kept = [(row, at) for row, at in train if question_key(row["question"]) not in held]
+    removed = len(train) - len(kept)
+    if not kept:
+        raise RecipeError(f"dataset {config.dataset!r}: every one of its {len(train)} training rows asks a question "
+                          f"that is also held out (the last heldout_size={config.heldout_size} rows); the held-out "
+                          "accuracy would measure training problems: use a dataset with other questions")
+    if not removed:
+        return train, []
+    return kept, [f"dataset {config.dataset!r}: {removed} of its {len(train)} training rows ask a question that is "
+                  f"also held out (the last heldout_size={config.heldout_size} rows); they are left out of training, "
+                  f"{len(kept)} rows remain"]
+
+
+def _check_gold_answers(config: MathTaskConfig, train: Located, heldout: Located) -> list[str]:
+    """Every gold answer read by math-verify before training (`d3s.app.scoring.gold_problem`): one it cannot read
+    scores 0 for every completion that does not repeat its text. Some: a warning with their count and the first
+    rows; all of the training rows', or all of the held-out rows': refused (the rewards, or the accuracy, would
+    be 0 throughout)."""
+    notes = []
+    for name, rows in (("training", train), ("held-out", heldout)):
+        bad = [(row, at) for row, at in rows if gold_problem(row["answer"]) is not None]
+        if not bad:
+            continue
+        shown = "; ".join(f"{at}: {row['answer']!r:.40} ({gold_problem(row['answer'])})" for row, at in bad[:3])
+        more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+        what = (f"math-verify cannot read {len(bad)} of the {len(rows)} {name} gold answers "
+                f"(column {config.answer_field!r}: {shown}{more})")
+        if len(bad) == len(rows):
+            score = "reward" if name == "training" else "held-out score"
+            raise RecipeError(f"dataset {config.dataset!r}: {what}; every {score} would be 0: check answer_field and "
+                              "write the answers as math-verify reads them (LaTeX or plain numbers)")
+        notes.append(f"warning: dataset {config.dataset!r}: {what}; those problems score 0 for every completion "
+                     "that does not repeat that text")
+    return notes

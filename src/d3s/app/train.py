@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from d3s.app.budget import budget_spent, budget_summary, count_compute, run_budget
+from d3s.app.budget import FLOPS_CONVENTION, budget_spent, budget_summary, count_compute, run_budget
 from d3s.app.child_process import stop_with_parent
 from d3s.app.errors import RecipeError, Terminated
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
@@ -58,10 +58,11 @@ from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offli
     variant_additions, variant_label
 from d3s.app.resume import settle_resume
 from d3s.app.run_args import RunArgs
-from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary, write_failure
+from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary, write_failure, \
+    writing
 from d3s.app.runfolder import RunLock, UnloadableCheckpoint, claim_folder, code_version, complete_checkpoints, \
     lock_existing_run
-from d3s.app.tasks import TaskData, build_task, prompt_messages
+from d3s.app.tasks import TaskData, build_task, dataset_digest, prompt_messages
 
 
 def _say(message: str) -> None:
@@ -197,15 +198,18 @@ def resolve_run_config(run: RunArgs, config, recipe: dict | None) -> dict[str, A
     """Fix the logging the records need; returns what `run_config.json` records: the run and trainer settings
     (with the mixed precision the trainer runs, which `precision` settled when the config was built), the
     recipe, what the recipe or the command line adds to the named variant (`variant`: `d3s` on the default recipe is
-    D3S with a floor of 4 tokens per kept rollout, not the paper's D3S), the code version, the machine it is timed
-    on and that machine's load as the run starts (`d3s.app.machine.machine_load`; `summary.json` adds the load at the
-    end)."""
+    D3S with a floor of 4 tokens per kept rollout, not the paper's D3S), the content hash of a local dataset (`data`:
+    a resume or a reuse of the run refuses data that changed), the code version, the machine it is timed on, that
+    machine's load as the run starts (`d3s.app.machine.machine_load`; `summary.json` adds the load at the end) and
+    how it counts its FLOPs (`d3s.app.budget`)."""
     config.logging_steps = 1  # one record per step: the curves, the token counts and the evaluations rely on it
     trainer = {**config.to_dict(), "mixed_precision": config.mixed_precision}
     accelerator = torch.cuda.get_device_name() if _device(config) == "cuda" else None
     variant = {"name": config.variant, "added": variant_additions(config, recipe)}
-    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "variant": variant,
-            "code_version": code_version(), "machine": machine_description(accelerator), "load_start": machine_load()}
+    data = {"dataset": run.dataset, "sha256": dataset_digest(run.dataset)} if run.task == "math" else None
+    return {"run": asdict(run), "trainer": trainer, "recipe": recipe, "variant": variant, "data": data,
+            "code_version": code_version(), "machine": machine_description(accelerator), "load_start": machine_load(),
+            "flops_convention": FLOPS_CONVENTION}
 
 
 def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_process: bool,
@@ -249,10 +253,9 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     callback = _make_callback(run_log, evaluate, run)
     trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)
     count_compute(trainer, callback, model, run_log)
-    steps_text = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
     variant = variant_label(config.variant, run_config["variant"]["added"])  # "d3s (+ recipe: ...)"
     _say(f"{variant} on {run.task} with {Path(model_path).name}, "
-         f"{steps_text} x {prompts_per_step} prompts x {config.num_generations} rollouts, "
+         f"{_length_text(run, config, prompts_per_step)}, "
          f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
 
     if resume_step is None:
@@ -268,6 +271,17 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
                           run_config["code_version"], budget, load)
     _finish(run, config, out, summary, main_process)
     return summary
+
+
+def _length_text(run: RunArgs, config, prompts_per_step: int) -> str:
+    """How much the run trains, as its first line says: steps (or epochs) x prompts x rollouts, or, for a budgeted
+    run, its budget (the steps are only a cap there)."""
+    batch = f"{prompts_per_step} prompts x {config.num_generations} rollouts"
+    if run.compute_budget:
+        return (f"{batch} a step until {run.compute_budget:.4g} estimated FLOPs are spent (at most {config.max_steps} "
+                "steps)")
+    steps = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epoch(s)"
+    return f"{steps} x {batch}"
 
 
 def _load_model(run: RunArgs, config):
@@ -301,6 +315,8 @@ def _training_data(run: RunArgs, config):
     prompts_per_step = config.per_device_train_batch_size * config.steps_per_generation * world // config.num_generations
     size = run.task_train_size or stream_size(max(1, config.max_steps) * max(1, prompts_per_step))
     task = build_task(run.task_config(), size)
+    for note in task.notes if _main_process() else ():  # rows left out, gold answers math-verify cannot read
+        _say(note)
     dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"], task.instruction), "answer": p["answer"]}
                                  for p in task.train])
     return task, dataset, prompts_per_step
@@ -330,10 +346,9 @@ def _whole_weights(trainer):
     if trainer is None or not trainer.is_deepspeed_enabled or trainer.accelerator.state.deepspeed_plugin.zero_stage != 3:
         return contextlib.nullcontext()
     if trainer.model_wrapped is not trainer.model:  # the DeepSpeed engine exists: TRL's way, hooks off
-        from trl.models.utils import unwrap_model_for_generation
+        from d3s.integrations.trl.compat import unwrap_whole
 
-        return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                           gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+        return unwrap_whole(trainer)
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(list(trainer.model.parameters()))
@@ -353,7 +368,8 @@ def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, r
     else:
         _say(f"held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...")
         before = evaluate()
-        cached.parent.mkdir(parents=True, exist_ok=True)
+        with writing(cached):
+            cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cached, json.dumps(before))
     run_log.add({"type": "eval", "step": 0, "wall_s": 0.0, "trained_tokens": 0.0, "generated_tokens": 0.0,
                  "computed_tokens": 0.0, "flops": 0.0, **{k: v for k, v in before.items() if k != "examples"}})
@@ -398,11 +414,9 @@ def _final_evaluation(trainer, callback, run_log: RunLog, out: Path, run: RunArg
 
 def _finish(run: RunArgs, config, out: Path, summary: dict, main_process: bool) -> None:
     """Plots, then `summary.json` (last: it marks the run finished), then the result in one line."""
-    if run.plots and main_process:
-        try:
+    if run.plots and main_process:  # written atomically; a full disk is one line naming it
+        with writing(out / "training.png"):
             plot_run(out / "metrics.jsonl", out / "training.png", title=f"{summary['variant']} (seed {config.seed})")
-        except OSError as err:  # a full disk, a read-only folder
-            raise RunFileError(out / "training.png", err) from None
     if main_process:
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     b, a = summary["before"], summary["after"]

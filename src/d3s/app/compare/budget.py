@@ -2,10 +2,11 @@
 
 The reference variant (`--reference`, grpo by default) runs its recipe, with `--budget_points` held-out
 evaluations spread evenly over its steps. Every other variant, same seed, then trains until it has spent the
-reference run's estimated model FLOPs (`d3s train --compute_budget`, `d3s.app.budget`), with its learning rate
+reference run's model FLOPs (`d3s train --compute_budget`, `d3s.app.budget`), with its learning rate
 and N/K schedule over the share of that budget spent, and is evaluated where the reference was: at the same
 shares of the compute. Its steps are capped at `STEP_CAP` times the reference's (a run that hits the cap first
-says so: `stopped_by: max_steps`).
+says so: `stopped_by: max_steps`). A reference whose FLOPs are in another convention than this d3s counts
+(`d3s.app.budget.flops_convention`) cannot budget a run still to train; finished runs are tabled as they are.
 
 The summary (`budget_summary`, the `budget` object of each variant in `compare.json`) is per seed: held-out
 accuracy at the budget, the area under accuracy against the compute share (the mean accuracy over the budget),
@@ -22,13 +23,16 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from d3s.app.budget import FLOPS_CONVENTION, flops_convention
 from d3s.app.compare.stats import (area_under_curve, minimum_detectable_difference, paired_interval,
                                    paired_tests, probability_of_improvement, reached_and_held)
 from d3s.app.errors import RecipeError
 from d3s.app.runfiles import finished_summary, read_run_records
 
-STEP_CAP = 8
-"""A budgeted run's cap on steps, in multiples of the reference run's steps."""
+STEP_CAP = 16
+"""A budgeted run's cap on steps, in multiples of the reference run's steps. With steps whose gradient is zero skipped
+(`skip_steps_without_signal`) such a step costs little more than its generation, and at 8 a D1S-C run stopped at the
+cap having spent 0.92 of GRPO's compute."""
 
 SET_BY_BUDGET = ("compute_budget", "budget_eval_shares", "max_steps", "eval_every")
 """The `d3s train` fields that `--budget reference` sets for every run other than the reference."""
@@ -61,11 +65,13 @@ def check_budget_command(budget: str | None, reference: str, variants: Sequence[
         if name != "max_steps" and _given(name, train_argv):
             raise RecipeError(f"--{name} is set by d3s compare --budget for each run; remove it")
     for v in variants:
-        if v == reference:
-            continue
         for part in v.split("+")[1:]:
             name = part.split("=", 1)[0]
-            if name in SET_BY_BUDGET:
+            if v == reference and name == "eval_every":  # the reference's evaluations are the budget's points
+                raise RecipeError(f"run setting {v!r} sets eval_every, which --budget reference sets for the "
+                                  f"reference from --budget_points (an evaluation every max_steps // budget_points "
+                                  "steps); remove it and give --budget_points")
+            if v != reference and name in SET_BY_BUDGET:
                 raise RecipeError(f"run setting {v!r} sets {name}, which --budget reference sets for every run other "
                                   f"than the reference ({reference}); remove it")
 
@@ -75,14 +81,21 @@ def reference_argv(max_steps: int, points: int) -> list[str]:
     return ["--eval_every", str(max(1, max_steps // points))]
 
 
-def budget_argv(reference_run: Path) -> list[str]:
+def budget_argv(reference_run: Path, to_train: bool = True) -> list[str]:
     """The `d3s train` options of a run on the compute of the finished `reference_run`: its FLOPs as the budget,
-    evaluations at the compute shares where it was evaluated, a cap of `STEP_CAP` times its steps."""
+    evaluations at the compute shares where it was evaluated, a cap of `STEP_CAP` times its steps. `to_train`: the
+    run is still to train (not a finished one reused, whose options are only compared with its recipe), so the
+    reference's FLOPs must be in this d3s's convention."""
     summary = finished_summary(reference_run)
     flops = summary.get("flops")
     if not flops:
         raise RecipeError(f"{reference_run} records no FLOPs (a run made before they were counted); run the "
                           "reference again in another --output_dir")
+    counted = flops_convention(summary)
+    if to_train and counted != FLOPS_CONVENTION:
+        raise RecipeError(f"{reference_run} counted its FLOPs as {counted} and this d3s counts {FLOPS_CONVENTION} "
+                          "(docs/compare.md), so its compute cannot budget a new run; run the reference again in "
+                          "another --output_dir")
     steps = summary["steps"]
     evals = [r for r in _records(reference_run) if r["type"] == "eval" and 0 < r["step"] < steps]
     shares = sorted({round(r["flops"] / flops, 6) for r in evals if r.get("flops") is not None} - {0.0, 1.0})

@@ -19,8 +19,9 @@ finishes it. A finished run is reused only if its recorded recipe trains what th
 
 Outputs in DIR: `compare.json` (the numbers: `d3s.app.compare.summary`), `compare.md` (its tables:
 `d3s.app.compare.markdown`), `compare.png` (overlaid curves: `d3s.app.plots`), for this command's variants
-and seeds; `compare.md` names the folder's other finished runs, which a command naming them all tables
-together. This module runs the comparison.
+and seeds, each replaced atomically, `compare.json` last (a kill leaves the old outputs, or new plots beside the old
+tables, never a truncated file beside finished ones); `compare.md` names the folder's other finished runs, which a
+command naming them all tables together. This module runs the comparison.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Sequence
 
 from d3s.app.child_process import CHILD_MAIN, run_child
-from d3s.app.compare.budget import budget_argv, check_budget_command, reference_argv
+from d3s.app.compare.budget import STEP_CAP, budget_argv, check_budget_command, reference_argv
 from d3s.app.compare.markdown import render_markdown
 from d3s.app.compare.summary import run_dir, summarize
 from d3s.app.errors import RecipeError
@@ -42,8 +43,9 @@ from d3s.app.machine import same_machine
 from d3s.app.options import parse_command
 from d3s.app.plots import plot_budget, plot_compare
 from d3s.app.recipe import parse_train_args
-from d3s.app.runfiles import atomic_write_text, read_run_config, read_summary
-from d3s.app.runfolder import KeepCheckpoints, RunFolderError, is_run_folder, prune_checkpoints, training_changes
+from d3s.app.runfiles import atomic_write_text, read_run_config, read_run_records, read_summary
+from d3s.app.runfolder import KeepCheckpoints, RunFolderError, data_change, holds_comparison, is_run_folder, \
+    prune_checkpoints, training_changes
 from d3s.app.train import resolve_run_config
 from d3s.variants import VARIANTS
 
@@ -61,7 +63,7 @@ class CompareArgs:
     output_dir: str = field(default="runs/compare", metadata={"help": "folder of all runs"})
     budget: str | None = field(default=None, metadata={
         "help": "'reference': compute-matched; the reference variant runs its recipe and every other variant, same "
-                "seed, trains until it has spent the same estimated model FLOPs, evaluated at the same compute "
+                "seed, trains until it has spent the same model FLOPs, evaluated at the same compute "
                 "shares (docs/compare.md). Default: every variant runs the same steps"})
     reference: str | None = field(default=None, metadata={
         "help": "the variant the others are paired with (default: grpo if listed, else the first)"})
@@ -161,7 +163,12 @@ def check_reusable(out: Path, variant: str, seed: int, train_argv: Sequence[str]
     if saved is None:
         print(f"d3s compare: note: {out} records no recipe (run_config.json); reused unchecked", file=sys.stderr)
         return
-    changed, _ = training_changes(saved, planned_run_config(out, variant, seed, train_argv))
+    planned = planned_run_config(out, variant, seed, train_argv)
+    data = data_change(saved, planned)
+    if data:
+        raise RecipeError(f"{out} was trained on other data ({data}); restore the data it was trained on, or move "
+                          "the run away or use another --output_dir to train on the new data")
+    changed, _ = training_changes(saved, planned)
     if changed:
         shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
         raise RecipeError(f"{out} was trained with another recipe than this command's ({shown}); move it away, "
@@ -175,9 +182,7 @@ def claim_root(root: Path) -> None:
     if not root.is_dir():
         return
     entries = sorted(p.name for p in root.iterdir() if p.name != ".DS_Store")
-    ours = any((root / n).is_file() for n in ("compare.json", "compare.md")) or any(
-        is_run_folder(p) for p in root.iterdir() if p.is_dir() and "-seed" in p.name)
-    if entries and not ours:
+    if entries and not holds_comparison(root):
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise RunFolderError(f"--output_dir {str(root)!r} is not empty ({len(entries)} entries: {shown}) and holds no "
                              "d3s comparison; pick another --output_dir")
@@ -203,17 +208,108 @@ def _without(argv: Sequence[str], name: str) -> list[str]:
     return out
 
 
-def _budget_plan(args: CompareArgs, reference: str, train_argv: list[str]):
-    """`per_run(variant, reference run folder) -> d3s train options` of this command's runs."""
+@dataclass
+class BudgetPlan:
+    """What `--budget reference` asks of the reference: its steps and an evaluation every `eval_every` of them."""
+
+    max_steps: int
+    eval_every: int
+    points: int
+
+
+def _budget_plan(args: CompareArgs, reference: str, train_argv: list[str], points_given: bool):
+    """`(per_run, plan)`: `per_run(variant, reference run folder, to_train) -> d3s train options` of this command's
+    runs (`to_train`: the run is not a finished one that is reused; with the folder None: the options of a budgeted
+    run, its budget a stand-in, for checking them before any run), and the reference's `BudgetPlan` (None without
+    `--budget`)."""
     if args.budget is None:
-        return lambda variant, ref_folder: train_argv
+        if points_given:
+            raise RecipeError(f"--budget_points {args.budget_points} is for --budget reference (held-out evaluations "
+                              "over the reference's compute); without --budget every run evaluates every eval_every "
+                              "steps (a d3s train field)")
+        return (lambda variant, ref_folder, to_train=True: train_argv), None
     _, config, _ = parse_train_args([*train_argv, *run_setting(reference)])
     if config.max_steps < 1:
         raise RecipeError(f"--budget reference needs the reference's max_steps >= 1 (it is {config.max_steps}); the "
                           "others train on its compute")
+    plan = _evaluation_plan(config.max_steps, args.budget_points, points_given)
     ref_argv = [*_without(train_argv, "eval_every"), *reference_argv(config.max_steps, args.budget_points)]
     others = _without(train_argv, "max_steps")
-    return lambda variant, ref_folder: ref_argv if variant == reference else [*others, *budget_argv(ref_folder)]
+    stand_in = ["--compute_budget", "1.0", "--budget_eval_shares", "", "--max_steps", str(STEP_CAP * config.max_steps),
+                "--eval_every", "0"]
+
+    def per_run(variant, ref_folder, to_train=True):
+        if variant == reference:
+            return ref_argv
+        return [*others, *(budget_argv(ref_folder, to_train) if ref_folder is not None else stand_in)]
+
+    return per_run, plan
+
+
+def _evaluation_plan(max_steps: int, points: int, given: bool) -> BudgetPlan:
+    """The reference's evaluations for `--budget_points points` over `max_steps` (`reference_argv`: every
+    `max_steps // points` steps, and the end). Points that its steps cannot hold evenly are refused when given
+    (more points than steps, or a count that does not divide them); the default is taken as close as it goes,
+    with a note."""
+    every = max(1, max_steps // points)
+    made = len(range(every, max_steps, every)) + 1
+    if made != points:
+        valid = [d for d in range(1, max_steps + 1) if max_steps % d == 0]
+        if given:
+            shown = sorted(valid, key=lambda d: (abs(d - points), d))[:8]
+            raise RecipeError(f"--budget_points {points}: the reference's {max_steps} steps cannot hold {points} "
+                              f"evenly spaced held-out evaluations (one every {every} step{'s' * (every > 1)} gives "
+                              f"{made}); give one of {', '.join(map(str, sorted(shown)))} (a divisor of max_steps)")
+        print(f"d3s compare: note: the reference's {max_steps} steps give {made} held-out evaluations over the budget "
+              f"(one every {every} step{'s' * (every > 1)}), not the default {points}; --budget_points sets them",
+              file=sys.stderr)
+    return BudgetPlan(max_steps, every, made)
+
+
+def _steps(steps) -> str:
+    return ", ".join(map(str, sorted(steps))) or "none before its end"
+
+
+def check_reference_evaluations(root: Path, reference: str, seeds: Sequence[int], plan: BudgetPlan) -> None:
+    """Refuse, before any run starts, a reference run in `root` (finished, or begun) evaluated at other steps than
+    this command asks: the budgeted runs are evaluated at the compute shares of its evaluations, so its curve (and,
+    from a reference without evaluations before its end, theirs) would not be this command's."""
+    for seed in seeds:
+        ref = run_dir(root, reference, seed)
+        summary = read_summary(ref)[0]
+        if summary is not None:
+            steps = summary["steps"]
+            want = set(range(plan.eval_every, steps, plan.eval_every))
+            have = {r["step"] for r in read_run_records(ref / "metrics.jsonl")
+                    if r["type"] == "eval" and 0 < r["step"] < steps}
+            what = f"was evaluated at steps {_steps(have)} before its end"
+        else:
+            saved = read_run_config(ref)[0]
+            every = (saved or {}).get("run", {}).get("eval_every")
+            if saved is None or not any(ref.glob("checkpoint-*")) or every == plan.eval_every:
+                continue
+            want, have = {plan.eval_every}, {every}
+            what = f"was begun with an evaluation every {every} steps (eval_every)"
+        if have != want:
+            raise RecipeError(f"{ref}, the reference run of this folder, {what}, but --budget_points {plan.points} "
+                              f"asks for one every {plan.eval_every} step{'s' * (plan.eval_every > 1)} "
+                              f"({_steps(set(range(plan.eval_every, plan.max_steps, plan.eval_every)))}): the budgeted "
+                              "runs are evaluated where it was, so its curve would not be this command's; give the "
+                              "--budget_points it was run with, or use another --output_dir")
+
+
+def check_every_run(variants: Sequence[str], reference: str, seeds: Sequence[int], root: Path, per_run,
+                    budget: bool) -> None:
+    """Parse the `d3s train` options of every run this command starts, before the first one: a setting that a run
+    would refuse (a budgeted run's `warmup_steps` counted in steps, a schedule clock) is refused now, not after the
+    reference has trained."""
+    for v in [reference, *(v for v in variants if v != reference)]:
+        try:
+            parse_train_args([*per_run(v, None), *run_setting(v), "--seed", str(seeds[0]),
+                              "--output_dir", str(run_dir(root, v, seeds[0]))])
+        except RecipeError as err:
+            how = f" on {reference}'s compute (--budget reference)" if budget and v != reference else ""
+            raise RecipeError(f"run setting {v!r}{how}: {err}") from None
 
 
 def refuse_mixed_machines(summary: dict) -> None:
@@ -261,22 +357,35 @@ def cmd_compare(argv: Sequence[str]) -> int:
                 if value is None and not isinstance(getattr(config, switch, getattr(run, switch, None)), bool):
                     raise RecipeError(f"run setting {v!r}: {switch} is not a switch (a boolean d3s train field)")
 
-    per_run = _budget_plan(args, reference, train_argv)
-
+    points_given = any(a == "--budget_points" or a.startswith("--budget_points=") for a in argv)
+    per_run, plan = _budget_plan(args, reference, train_argv, points_given)
     root = Path(args.output_dir)
+    check_every_run(variants, reference, seeds, root, per_run, args.budget is not None)
+
     claim_root(root)
+    if plan is not None:
+        check_reference_evaluations(root, reference, seeds, plan)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise RecipeError(f"--output_dir {str(root)!r} cannot be written ({err.strerror})") from None
     for seed in seeds:  # seeds outermost: a partial comparison already covers every variant
         for v in [reference, *(v for v in variants if v != reference)]:  # the reference first: its compute
-            run_one(root, v, seed, per_run(v, run_dir(root, reference, seed)), args.keep_checkpoints)
+            to_train = read_summary(run_dir(root, v, seed))[0] is None
+            run_one(root, v, seed, per_run(v, run_dir(root, reference, seed), to_train), args.keep_checkpoints)
     summary = summarize(root, variants, seeds, reference=reference, budget=args.budget is not None)
     if args.wall_clock_ratios:
         refuse_mixed_machines(summary)
     command = "d3s compare " + " ".join(argv)
-    atomic_write_text(root / "compare.json", json.dumps(summary, indent=2))  # a kill leaves the old one
+    # Every output is replaced atomically (a kill leaves the old file or none), the plots first and compare.json
+    # last: a compare.json that is new says every other output is too.
+    for leftover in root.glob(".compare*.tmp-*"):  # the temporary file of a compare killed while writing
+        leftover.unlink(missing_ok=True)
+    wrote = [plot_compare({v: [(s, run_dir(root, v, s) / "metrics.jsonl") for s in seeds] for v in variants},
+                          root / "compare.png", title=f"{' vs '.join(variants)}, seeds {', '.join(map(str, seeds))}")]
+    if args.budget is not None:
+        wrote.append(plot_budget(summary, root / "compare-budget.png",
+                                 title=f"at {reference}'s compute, seeds {', '.join(map(str, seeds))}"))
     md = render_markdown(summary, command)
     others = runs_left_out(root, variants, seeds)
     if others:  # a subset of a folder's comparison: say what its tables no longer show
@@ -285,12 +394,8 @@ def cmd_compare(argv: Sequence[str]) -> int:
         md = md.rstrip("\n") + "\n\n" + note + "\n"
         print(f"d3s compare: note: {note}", file=sys.stderr)
     atomic_write_text(root / "compare.md", md)
-    plot_compare({v: [(s, run_dir(root, v, s) / "metrics.jsonl") for s in seeds] for v in variants},
-                 root / "compare.png", title=f"{' vs '.join(variants)}, seeds {', '.join(map(str, seeds))}")
-    wrote = [root / "compare.md", root / "compare.json", root / "compare.png"]
-    if args.budget is not None:
-        wrote.append(plot_budget(summary, root / "compare-budget.png",
-                                 title=f"at {reference}'s compute, seeds {', '.join(map(str, seeds))}"))
+    atomic_write_text(root / "compare.json", json.dumps(summary, indent=2))
+    wrote = [root / "compare.md", root / "compare.json", *wrote]
     print(md)
     print(f"d3s compare: wrote {', '.join(map(str, wrote))}")
     return 0

@@ -1,6 +1,7 @@
 """`compare.md`: the summary of `d3s compare` (`d3s.app.compare.summary`) as markdown tables, one section
 per question: final accuracy, cost to reach the reference's accuracy (over seeds, then seed by seed), where a
-step's time goes, what generation bought, the runs and the machines they were timed on.
+step's time goes, what generation bought, the runs and the machines they were timed on; which FLOP convention
+the numbers are in.
 
 A wall-clock ratio is given only between runs timed on one machine of which none is known to have run on a
 loaded machine (`d3s.app.machine.quiet`); where one did, the table says which and with what load. A ratio
@@ -8,6 +9,7 @@ between runs that recorded no load is given, marked unverified."""
 
 from __future__ import annotations
 
+from d3s.app.budget import FLOPS_CONVENTIONS
 from d3s.app.compare.stats import shown
 from d3s.app.machine import LOAD_MARGIN, machine_label, one_machine, wall_not_compared
 
@@ -163,7 +165,7 @@ def _cost_per_seed(summary: dict) -> list[str]:
     return _section(
         f"Cost to reach {ref}'s final accuracy, seed by seed",
         f"Each run's training wall-clock and positions computed to the target, as a share of the same seed's whole "
-        f"{ref} run (FLOPs: estimated model FLOPs, generation included; docs/compare.md). A wall-clock share "
+        f"{ref} run (FLOPs: {_flops_unit(summary)}, generation included; docs/compare.md). A wall-clock share "
         "compares two timings: it is given only when both runs were timed on one machine (as recorded with each run: "
         "CPU vendor, model, family, stepping, flags, logical CPUs) and neither ran loaded (its load average at start "
         "or end above its CPUs + 0.5); positions computed do not depend on the machine.",
@@ -218,27 +220,54 @@ def _load_text(p: dict) -> str:
     return f"{p['load_start']:.1f} / {p['load_end']:.1f}" + (" (loaded)" if p.get("quiet") is False else "")
 
 
+def _zero_gradient(counts: dict | None, no_signal: float | None) -> str:
+    """'12 of 64 (moved 12, skipped 0)': optimizer steps with a zero gradient, of which the weights still moved and of
+    which the step was skipped; runs made before these were logged: the share of steps whose groups were all flat."""
+    if counts is None:
+        return "-" if no_signal is None else f"{_pct(no_signal)} (flat)"
+    return f"{counts['zero_gradient']} of {counts['steps']} (moved {counts['moved']}, skipped {counts['skipped']})"
+
+
 def _runs(summary: dict) -> list[str]:
     rows = [[f"{v} seed {p['seed']}", _pct(p["final_accuracy"]), _minutes(p["train_wall_s"]),
-             _minutes(p["command_wall_s"]), _pct(p["no_signal_steps"]), f"`{p['code_version']}`",
+             _minutes(p["command_wall_s"]), _zero_gradient(p.get("zero_gradient_steps"), p["no_signal_steps"]),
+             f"`{p['code_version']}`",
              machine_label(p.get("machine")), _load_text(p)]
             for v, row in summary["variants"].items() for p in row["per_seed"]]
     return _section(
         "Runs",
         "Training wall-clock, and the whole `d3s train` command that finished the run (model loading and held-out "
-        "evaluations included; a resumed run: its last part). Load: the machine's 1-minute load average when the "
+        "evaluations included; a resumed run: its last part). Steps without signal: optimizer steps whose gradient "
+        "was exactly zero, of which the weights still moved (Adam's momentum) and of which the step was skipped "
+        "(`skip_steps_without_signal`); runs made before these were counted give the share of steps whose groups "
+        "were all flat. Load: the machine's 1-minute load average when the "
         f"command started and when it ended; 'loaded' above its CPUs + {LOAD_MARGIN} at either.",
-        ["run", "final acc", "training wall-clock", "whole command", "steps with no signal", "code version",
+        ["run", "final acc", "training wall-clock", "whole command", "steps without signal", "code version",
          "machine", "load (start / end)"], rows)
 
 
+def _flops_unit(summary: dict) -> str:
+    """The convention of the comparison's FLOPs, by name (`d3s.app.budget.FLOPS_CONVENTIONS`)."""
+    name = summary.get("flops_convention")
+    return f"`{name}`" if name in FLOPS_CONVENTIONS else "in more than one convention, see below"
+
+
 def _notes(summary: dict) -> list[str]:
-    """The base model's accuracy, the code versions, the machines and their load, and runs whose recipe could not be
+    """The base model's accuracy, the FLOP convention, the code versions, the machines and their load, and runs whose
+    recipe could not be
     checked."""
     lines = []
     base = next((r["base_accuracy"] for r in summary["variants"].values() if r["base_accuracy"] is not None), None)
     if base is not None:
         lines += ["", f"Base model (before training): {base:.1%} held-out accuracy."]
+    name = summary.get("flops_convention")
+    if name in FLOPS_CONVENTIONS:
+        lines += ["", f"FLOPs are `{name}`: {FLOPS_CONVENTIONS[name]} (docs/compare.md)."]
+    elif name is not None:
+        lines += ["", "**The runs counted their FLOPs in different conventions** (docs/compare.md); a FLOP share is "
+                      "given only between runs of one convention. Per run:", ""]
+        for v, row in summary["variants"].items():
+            lines.append(f"- {v}: " + ", ".join(f"seed {p['seed']} `{p['flops_convention']}`" for p in row["per_seed"]))
     versions = summary["code_versions"]
     lines += ["", "Code version of the runs: " + ", ".join(f"`{v}`" for v in versions) + "."]
     if len(versions) > 1:
@@ -310,7 +339,8 @@ def _budget(summary: dict) -> list[str]:
     n = len(summary["seeds"])
     table = _section(
         f"At {ref}'s compute (the headline)",
-        f"Every variant trained on the estimated model FLOPs of the same seed's {ref} run (docs/compare.md), its "
+        f"Every variant trained on the FLOPs ({_flops_unit(summary)}) of the same seed's {ref} run "
+        "(docs/compare.md), its "
         "learning rate and N/K schedule over the share of them spent, evaluated at the same compute shares. Paired "
         f"by seed against {ref}, in points: the mean difference with its 95% t-interval over {n} seeds, the exact "
         "sign-flip p-value of the mean (p) and that p Holm-corrected over the variants of this table (Holm p), "

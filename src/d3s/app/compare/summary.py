@@ -14,23 +14,57 @@
 - The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), what
   generation bought (prompts skipped, flat groups generated, generation seconds per group with signal), the
   seconds per step and its timed parts, the code version of every run.
+- The convention the runs' FLOPs are in (`flops_convention`: one of `d3s.app.budget.FLOPS_CONVENTIONS`, or
+  "mixed"); a FLOP share is given only between two runs of one convention.
 """
 
 from __future__ import annotations
 
+import hashlib
 import statistics
+import string
 from pathlib import Path
 
+from d3s.app.budget import flops_convention
 from d3s.app.compare.budget import budget_summary
 from d3s.app.compare.stats import minimum_detectable_difference, paired_tests
 from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.machine import all_quiet, one_machine, quiet, same_machine
 from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_share, read_run_config,
+                              zero_gradient_steps,
                               read_run_records, step_seconds, with_computed_tokens)
 
 
+SAFE_NAME_CHARACTERS = frozenset(string.ascii_letters + string.digits + "._+=,@-")
+"""The characters of a run setting kept as they are in its folder's name; every other byte is written `%XX`."""
+
+NAME_BYTES = 240
+"""The longest folder name `run_folder_name` gives (file systems allow 255 bytes)."""
+
+
+def run_folder_name(setting: str, seed: int) -> str:
+    """The name of the folder of run setting `setting` with `seed`: `<setting>-seed<seed>`, one folder inside the
+    comparison's `--output_dir` whatever the setting holds.
+
+    A setting of plain characters (`SAFE_NAME_CHARACTERS`: `d3s+token_cut=sign`) is its own name. Any other byte of
+    its UTF-8 (`/`, a NUL, a space, `%`, a leading `.`) is written `%XX`, so `..` or `/x` never leaves the folder,
+    no name is hidden, and two settings never share one. A name longer than `NAME_BYTES` keeps its start, then
+    `%-` and 16 hex digits of the setting's SHA-256 (a `%` followed by `-` is never an escape, so a shortened
+    name equals no other)."""
+    raw = setting.encode("utf-8", "surrogatepass")
+    name = "".join(chr(b) if chr(b) in SAFE_NAME_CHARACTERS else f"%{b:02X}" for b in raw)
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    suffix = f"-seed{seed}"
+    room = NAME_BYTES - len(suffix)
+    if len(name) > room:
+        name = name[: room - 18] + "%-" + hashlib.sha256(raw).hexdigest()[:16]
+    return name + suffix
+
+
 def run_dir(root: Path, variant: str, seed: int) -> Path:
-    return root / f"{variant}-seed{seed}"
+    """The folder of run setting `variant` with `seed` in the comparison folder `root` (`run_folder_name`)."""
+    return Path(root) / run_folder_name(variant, seed)
 
 
 def _reach(records: list[dict], target: float) -> dict | None:
@@ -70,7 +104,7 @@ def _load_run(root: Path, variant: str, seed: int) -> dict:
     folder = run_dir(root, variant, seed)
     summary = finished_summary(folder)
     records = with_computed_tokens(read_run_records(folder / "metrics.jsonl"))
-    return {"seed": seed, "summary": summary, "records": records,
+    return {"seed": seed, "folder": folder.name, "summary": summary, "records": records,
             "version": _run_version(folder, summary), "recipe_checked": read_run_config(folder)[0] is not None,
             "machine": _run_machine(folder), "load": summary.get("load")}
 
@@ -81,12 +115,15 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
     train = [x for x in records if x.get("type") == "train"]
     return {
         "seed": run["seed"],
+        "folder": run["folder"],
         "final_accuracy": summary["after"]["accuracy"],
         "train_wall_s": summary["train_wall_s"],
         "trained_tokens": summary["trained_tokens"],
         "computed_tokens": records[-1]["computed_tokens"] if records else None,
         "flops": summary.get("flops"),
+        "flops_convention": flops_convention(summary),
         "no_signal_steps": no_signal_share(records),
+        "zero_gradient_steps": zero_gradient_steps(records),
         "generation": generation_summary(records),
         "steps": len(train),
         "step_seconds": step_seconds(records),
@@ -100,6 +137,13 @@ def _seed_row(run: dict, hit: dict | None) -> dict:
         "load_end": ((run["load"] or {}).get("end") or {}).get("load_1min"),
         "quiet": quiet(run["load"]),
     }
+
+
+def _sum_counts(counts: list[dict | None]) -> dict | None:
+    """The seeds' `zero_gradient_steps` added up; None unless every seed recorded them."""
+    if not counts or any(c is None for c in counts):
+        return None
+    return {k: sum(c[k] for c in counts) for k in counts[0]}
 
 
 def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) -> dict:
@@ -129,6 +173,7 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
         "flops_mean": (statistics.mean(p["flops"] for p in per_seed)
                        if all(p["flops"] is not None for p in per_seed) else None),
         "no_signal_share_mean": statistics.mean(shares) if shares else None,
+        "zero_gradient_steps": _sum_counts([p["zero_gradient_steps"] for p in per_seed]),
         "generation_mean": _mean_parts([p["generation"] for p in per_seed], skip_none=True),
         "step_seconds_mean": _mean_parts([p["step_seconds"] for p in per_seed]),
         "seeds_reaching_target": len(reached),
@@ -145,17 +190,19 @@ def _variant_row(items: list[dict], ref_final: dict[int, float], target: float) 
 def _against_reference(run: dict, ref: dict) -> dict | None:
     """A run's cost to the target as a share of the same seed's whole reference run: training wall-clock and
     positions computed, and whether both were timed on one machine (`d3s.app.machine.same_machine`: the wall-clock
-    share only when they were). None when the run never reached it."""
+    share only when they were); the FLOP share only when both counted FLOPs in one convention. None when the run
+    never reached it."""
     hit = run["to_target"]
     if hit is None:
         return None
     one = same_machine(run["machine"], ref["machine"])
     calm = all_quiet([run["quiet"], ref["quiet"]])
+    flops = run["flops_convention"] == ref["flops_convention"] and hit.get("flops") is not None and ref.get("flops")
     return {"wall_share": hit["wall_s"] / ref["train_wall_s"] if ref["train_wall_s"] and one and calm is not False
             else None,
             "computed_share": (hit["computed_tokens"] / ref["computed_tokens"]
                                if hit.get("computed_tokens") is not None and ref["computed_tokens"] else None),
-            "flops_share": hit["flops"] / ref["flops"] if hit.get("flops") is not None and ref.get("flops") else None,
+            "flops_share": hit["flops"] / ref["flops"] if flops else None,
             "same_machine": one, "quiet": calm}
 
 
@@ -195,5 +242,7 @@ def summarize(root: Path, variants: list[str], seeds: list[int], reference: str 
         for v, row in budget_summary(runs, reference).items():
             table[v]["budget"] = row
     versions = sorted({p["code_version"] for row in table.values() for p in row["per_seed"]})
-    return {"reference": reference, "mode": "budget" if budget else "steps", "target_accuracy": target, "seeds": seeds, "variants": table,
-            "code_versions": versions}
+    conventions = {p["flops_convention"] for row in table.values() for p in row["per_seed"]}
+    return {"reference": reference, "mode": "budget" if budget else "steps", "target_accuracy": target, "seeds": seeds,
+            "variants": table, "code_versions": versions,
+            "flops_convention": conventions.pop() if len(conventions) == 1 else "mixed"}

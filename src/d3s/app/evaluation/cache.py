@@ -4,13 +4,13 @@ with the settings that change completions or scores (`d3s.app.evaluation.runner`
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from d3s.app.datafiles import BadJsonLine, json_lines
 from d3s.app.errors import UsageError
+from d3s.app.runfiles import append_line, writing
 
 from .benchmarks import Problem
 
@@ -24,7 +24,8 @@ class SampleCache:
         self.path = path
         self.records: dict[tuple[str, str], dict[str, Any]] = {}
         if overwrite and path.exists():
-            path.unlink()
+            with writing(path):
+                path.unlink()
         if path.exists():
             self._load(fingerprint)
         else:
@@ -35,7 +36,7 @@ class SampleCache:
         if raw and not raw.endswith(b"\n"):  # the last line was cut off by an interrupt
             keep = raw.rfind(b"\n") + 1
             print(f"d3s eval: dropping an incomplete last line of {self.path}", file=sys.stderr)
-            with self.path.open("r+b") as f:
+            with writing(self.path), self.path.open("r+b") as f:
                 f.truncate(keep)
             raw = raw[:keep]
         try:
@@ -56,10 +57,9 @@ class SampleCache:
             self.records[(rec["benchmark"], rec["problem_id"])] = rec
 
     def _append(self, record: dict[str, Any]) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """One line, on the disk before it returns; a full disk is one `RunFileError` line (a part of the line
+        left at the end is dropped by the next run)."""
+        append_line(self.path, json.dumps(record) + "\n", sync=True)
 
     def get(self, problem: Problem) -> dict[str, Any] | None:
         rec = self.records.get((problem.benchmark, problem.problem_id))

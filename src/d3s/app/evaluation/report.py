@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from d3s.app.datafiles import BadJsonLine, NotUtf8, json_document, read_text
+from d3s.app.runfiles import atomic_write_text
 
 from .aggregate import average_metrics, benchmark_metrics
 from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, BenchmarkError
@@ -19,10 +20,9 @@ RESULTS_FORMAT = "d3s-eval/1"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically (temp file + rename) so an interrupted run never leaves half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    """Write atomically (`atomic_write_text`: temp file, fsync, rename) so an interrupted run never leaves half a
+    file; a full disk is one `RunFileError` line."""
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 EXPECTED = "eval-table reads the results.json that d3s eval writes (or the folder holding it)"

@@ -7,6 +7,10 @@ folder layout:
     OUTPUT/results.json    settings + per-benchmark correct counts and metrics
     OUTPUT/results.md      Table-1-style row + all metrics
 
+The folder is the evaluation's own (`claim_eval_folder`): a new or empty folder or an earlier d3s eval's, held
+with a lock while it runs; a `d3s train` run, a `d3s compare` folder or another non-empty folder is refused.
+Every file is written through `d3s.app.runfiles` (atomically, a full disk one line).
+
 Resuming: the cache's first line records the settings that change completions or scores; a rerun
 with the same settings skips every cached problem, with different ones it stops with an error
 (use --overwrite or another --output_dir). A line cut off by an interrupt is dropped.
@@ -14,6 +18,7 @@ with the same settings skips every cached problem, with different ones it stops 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -27,6 +32,8 @@ from typing import Any, Callable, Literal, Sequence, get_args
 
 from d3s.app.errors import UsageError
 from d3s.app.models import resolve_model
+from d3s.app.runfiles import atomic_write_text
+from d3s.app.runfolder import RunLock, holds_comparison, is_run_folder, lock_folder
 from d3s.app.scoring import score_job
 
 from .aggregate import average_metrics, benchmark_metrics
@@ -328,10 +335,67 @@ def run_eval(
     """Evaluate, resuming from the output folder's cache; write and return the results dict."""
     problems = load_problems(config)
     out_dir = Path(config.output_dir).expanduser()
+    lock = claim_eval_folder(out_dir)
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        return _evaluate(config, problems, out_dir, sampler_factory, progress)
+    finally:
+        lock.release()
+
+
+EVAL_LOCK = ".d3s-eval.lock"
+"""Held (`flock`) by the `d3s eval` that writes the folder, as `.d3s-run.lock` by a `d3s train`."""
+
+
+def _is_eval_folder(out: Path) -> bool:
+    """Whether `out` holds a d3s eval's output: its lock file, a `samples.jsonl` that starts with a d3s eval header,
+    or a `results.json` of the format `d3s eval` writes."""
+    if (out / EVAL_LOCK).is_file():
+        return True
+    try:
+        with open(out / CACHE_NAME, "rb") as f:
+            first = json.loads(f.readline() or b"null")
+        if isinstance(first, dict) and first.get("type") == "header" and isinstance(first.get("fingerprint"), dict):
+            return True
+    except (OSError, ValueError):
+        pass
+    try:
+        results = json.loads((out / "results.json").read_bytes())
+        return isinstance(results, dict) and results.get("format") == RESULTS_FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def claim_eval_folder(out: Path) -> RunLock:
+    """Take `out` for this evaluation, as `d3s train` takes its folder: a new or empty folder, or a d3s eval's own
+    (`_is_eval_folder`); a `d3s train` run, a `d3s compare` folder or any other non-empty folder is refused before a
+    file in it is touched. While the evaluation lives it holds the folder's `flock`, so that a second `d3s eval`
+    into it is refused in one line."""
+    where = f"--output_dir {str(out)!r}"
+    if out.is_dir():
+        try:
+            entries = sorted(p.name for p in out.iterdir() if p.name != ".DS_Store")
+        except OSError as err:
+            raise UsageError(f"{where} cannot be read ({err.strerror})") from None
+        if entries and not _is_eval_folder(out):
+            if is_run_folder(out):
+                whose = "holds a d3s train run"
+            elif holds_comparison(out):
+                whose = "holds a d3s compare"
+            else:
+                shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+                whose = f"is not empty ({len(entries)} entr{'y' if len(entries) == 1 else 'ies'}: {shown})"
+            raise UsageError(f"{where} {whose}; d3s eval writes only into a new or empty folder or a d3s eval's own: "
+                             "pick another --output_dir")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"--output_dir {config.output_dir!r} cannot be made ({err.strerror})") from None
+        raise UsageError(f"{where} cannot be made ({err.strerror})") from None
+    return lock_folder(out, EVAL_LOCK, "d3s eval")
+
+
+def _evaluate(config: EvalConfig, problems: dict[str, list[Problem]], out_dir: Path,
+              sampler_factory: Callable[[EvalConfig], Sampler] | None, progress: bool) -> dict[str, Any]:
+    """`run_eval` in the folder it holds."""
     cache = SampleCache(out_dir / CACHE_NAME, config.fingerprint(), config.overwrite)
 
     todo = {b: [p for p in ps if cache.get(p) is None] for b, ps in problems.items()}
@@ -378,7 +442,7 @@ def run_eval(
                 file=sys.stderr,
             )
     write_json(out_dir / "results.json", results)
-    (out_dir / "results.md").write_text(render_report(results), encoding="utf-8")
+    atomic_write_text(out_dir / "results.md", render_report(results))
     return results
 
 

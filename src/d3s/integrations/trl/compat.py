@@ -57,6 +57,7 @@ __all__ = [
     "nanmin",
     "trl_signature_mismatches",
     "unwrap_for_generation",
+    "unwrap_whole",
     "use_adapter",
 ]
 
@@ -207,6 +208,15 @@ def unwrap_for_generation(trainer):
     return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, **kwargs)
 
 
+def unwrap_whole(trainer):
+    """TRL's `unwrap_model_for_generation` context with every parameter gathered (DeepSpeed ZeRO-3), whatever
+    `ds3_gather_for_generation` says: held-out generation needs the whole weights on every process."""
+    kwargs = {}
+    if "gradient_checkpointing_kwargs" in _parameters_of(unwrap_model_for_generation):  # TRL >= 1.16
+        kwargs["gradient_checkpointing_kwargs"] = trainer.args.gradient_checkpointing_kwargs
+    return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, **kwargs)
+
+
 _PER_TOKEN_LOGPS = (
     "(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, "
     "compute_aux_loss=False, pixel_values=None, image_grid_thw=None, num_images=None, pixel_attention_mask=None, "
@@ -349,6 +359,21 @@ _PRIVATE_TRL_NAMES = {
         {">=1.15": "(model, temperature=1.0, cast_lm_head_to_fp32=False, outputs=('log_probs',))"},
         "Not called: `selective_head.head_scales` copies how it reads a model's logit scale and softcap, and a test "
         "compares both heads.",
+    ),
+    "GRPOTrainer.pad_to_multiple_of": (
+        ATTRIBUTE,
+        "Read by `generation.turn_positions`: the width TRL pads a prompt batch to before `generate`, so the positions "
+        "counted are the ones computed. Undocumented.",
+    ),
+    "GRPOTrainer.use_transformers_continuous_batching": (
+        ATTRIBUTE,
+        "Read by `generation.turn_positions`: with transformers' continuous batching, generation is counted from the "
+        "ids it returns, not from a padded batch. Undocumented.",
+    ),
+    "GRPOTrainer.rollout_func": (
+        ATTRIBUTE,
+        "Replaced on the instance by a wrapper that counts what a custom generation returns "
+        "(`generation.counted_rollout_func`); the user's function runs unchanged. Undocumented as an attribute.",
     ),
 }
 

@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 import torch
 
 SUPPORTED_SETTINGS = frozenset({
-    "max_new_tokens", "do_sample", "pad_token_id", "bos_token_id", "eos_token_id", "temperature", "top_p",
+    "max_new_tokens", "do_sample", "pad_token_id", "bos_token_id", "temperature", "top_p",
     "top_k", "min_p", "repetition_penalty", "cache_implementation", "disable_compile",
 })
 """The `generation_kwargs` keys the shared-prefill path honours (with `repetition_penalty` 1 and no
-`cache_implementation`: it keeps its own cache); any other key is refused."""
+`cache_implementation`: it keeps its own cache); any other key is refused. `eos_token_id` among them: the path
+stops every completion at the trainer's end-of-sequence tokens (TRL's `eos_token_ids`, where TRL cuts and marks a
+completion), while TRL's `generate` would stop at the given ones and pad the rest of the row."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,13 @@ class Sampling:
 
 def check_generation_settings(settings: dict) -> None:
     """Refuse, in one line naming the setting, a generation setting the shared-prefill path cannot honour."""
+    if "eos_token_id" in settings:
+        raise ValueError(
+            f"generation_kwargs eos_token_id={settings['eos_token_id']!r} is not honoured by "
+            "shared_prefill_generation: it stops every completion at the trainer's end-of-sequence tokens (the "
+            "tokenizer's and the model's, where TRL cuts a completion); remove it or set "
+            "shared_prefill_generation=False"
+        )
     for key, value in settings.items():
         if key not in SUPPORTED_SETTINGS:
             raise ValueError(
@@ -126,7 +135,10 @@ class Generation:
     """With `entropy_temperature`: one `(rows,)` entropy per decoding step, 0 for rows already finished,
     as `GenerationEntropy` records them from `generate`."""
     positions: dict = field(default_factory=dict)
-    """Positions computed: `{"prefill": ..., "decode": ...}` (rows x columns the model ran on)."""
+    """Positions computed: `{"prefill": ..., "decode": ..., "head": ...}`: rows x columns the model's body ran on
+    in the prefill and decoding calls (left padding included), and the positions the LM head ran at (the last
+    position of each prefill call with `logits_to_keep`, every prefill position without it, every decode
+    position)."""
 
 
 def sample_tokens(probs: torch.Tensor) -> torch.Tensor:
@@ -176,7 +188,7 @@ def generate(model, prompt_ids: list[list[int]], sampling: Sampling, *, entropy_
             None: all rows at once.
     """
     if not prompt_ids:
-        return Generation([], [] if entropy_temperature is not None else None, {"prefill": 0, "decode": 0})
+        return Generation([], [] if entropy_temperature is not None else None, {"prefill": 0, "decode": 0, "head": 0})
     if max_rows is None or max_rows >= len(prompt_ids):
         return _generate_chunk(model, prompt_ids, sampling, entropy_temperature)
     distinct, owner = distinct_rows(prompt_ids)
@@ -191,7 +203,7 @@ def generate(model, prompt_ids: list[list[int]], sampling: Sampling, *, entropy_
         current = current + rows
     chunks.append(current)
     out = Generation([[] for _ in prompt_ids], [] if entropy_temperature is not None else None,
-                     {"prefill": 0, "decode": 0})
+                     {"prefill": 0, "decode": 0, "head": 0})
     for chunk in chunks:
         part = _generate_chunk(model, [prompt_ids[r] for r in chunk], sampling, entropy_temperature)
         for r, ids in zip(chunk, part.completion_ids):
@@ -218,7 +230,8 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
 def _prefill(model, distinct: list[list[int]], pad_token_id: int, cache, device):
     """Prefill the distinct prompts: their common prefix once, then every prompt's own tokens beside it.
 
-    Returns `(last logits (U, V) float32, attention mask (U, C), next position (U,), positions computed)`.
+    Returns `(last logits (U, V) float32, attention mask (U, C), next position (U,), positions computed)`, the last
+    as `{"prefill": body positions, "head": LM-head positions}`.
     A row's keys/values sit at columns [prefix | left padding | its own tokens] with positions 0, 1, ... over
     its real tokens, as `generate` numbers them; the padding columns are masked out.
     """
@@ -227,7 +240,8 @@ def _prefill(model, distinct: list[list[int]], pad_token_id: int, cache, device)
     # a sliding window counts cache columns, and the padding between prefix and own tokens would shift them
     shareable = U > 1 and (not window or window >= max(map(len, distinct)) + 1)
     c = common_prefix_length(distinct) if shareable else 0
-    computed = c
+    last_only = keeps_last_logits_only(model)
+    computed = {"prefill": c, "head": (1 if last_only else c) if c else 0}
     prefix_mask = torch.ones(U, c, dtype=torch.long, device=device)  # (U, c)
     if c:
         prefix = torch.tensor([distinct[0][:c]], device=device)  # (1, c)
@@ -239,7 +253,8 @@ def _prefill(model, distinct: list[list[int]], pad_token_id: int, cache, device)
     mask = torch.cat([prefix_mask, own_mask], dim=1)  # (U, c + L)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **_cache(model, cache), use_cache=True,
                 **_last_logits_only(model))
-    computed += ids.numel()
+    computed["prefill"] += ids.numel()
+    computed["head"] += U if last_only else ids.numel()
     return out.logits[:, -1].to(dtype=torch.float32), mask, positions[:, -1] + 1, computed
 
 
@@ -260,7 +275,7 @@ def _generate_chunk(model, prompt_ids, sampling: Sampling, entropy_temperature: 
     completions = [[] for _ in range(S)]
     steps: list[torch.Tensor] | None = [] if entropy_temperature is not None else None
     active = torch.arange(S, device=device)  # (A,) original row of each decode-batch row
-    counts = {"prefill": prefilled, "decode": 0}
+    counts = {"prefill": prefilled["prefill"], "decode": 0, "head": prefilled["head"]}
     for t in range(sampling.max_new_tokens):
         if steps is not None:
             step = torch.zeros(S, device=device)
@@ -286,6 +301,7 @@ def _generate_chunk(model, prompt_ids, sampling: Sampling, entropy_temperature: 
         out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
                     **_cache(model, cache), use_cache=True)
         counts["decode"] += tokens.numel()
+        counts["head"] += tokens.numel()  # one position per row: the head runs at it
         logits = out.logits[:, -1].to(dtype=torch.float32)  # (A, V)
         next_position = next_position + 1
     return Generation(completions, steps, counts)
@@ -308,9 +324,15 @@ def _cache(model, cache) -> dict:
     return {"cache": cache} if "cache" in _forward_parameters(model) else {"past_key_values": cache}
 
 
+def keeps_last_logits_only(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' `generate` then sets it to 1 for the prefill,
+    as `_prefill` does here: the LM head runs at the last position only)."""
+    return "logits_to_keep" in _forward_parameters(model)
+
+
 def _last_logits_only(model) -> dict:
     """`logits_to_keep=1` where the model's forward takes it (the LM head at the last position only)."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(model) else {}
+    return {"logits_to_keep": 1} if keeps_last_logits_only(model) else {}
 
 
 def _preallocated_cache(model, capacity: int):

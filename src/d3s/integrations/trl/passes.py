@@ -59,7 +59,7 @@ def no_grad_logps(trainer, model, batch, mask, entropy: bool = False):
     with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
         for start in range(0, mask.size(0), chunk):
             rows = slice(start, start + chunk)
-            lp, ent, _, positions = selective_forward(
+            lp, ent, _, computed = selective_forward(
                 model,
                 trainer.accelerator,
                 batch["prompt_ids"][rows],
@@ -70,7 +70,7 @@ def no_grad_logps(trainer, model, batch, mask, entropy: bool = False):
                 value_positions=mask[rows].bool(),
                 entropy=entropy,
             )
-            trainer.d3s_positions.add_no_grad(positions)
+            trainer.d3s_positions.add_no_grad(computed["body"], head=computed["head"] + computed["head_no_grad"])
             logps.append(lp)
             entropies.append(ent)
     return torch.cat(logps), (torch.cat(entropies) if entropy else None)

@@ -11,10 +11,14 @@ string must name a model that can be found.
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 from typing import Any, Callable
 
 RETURNS = "a list with one number (int or float), or None, per completion"
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: TRL turns rewards into a float32 tensor, where a larger number overflows to inf."""
 
 
 def check_reward_output(name: str, output: Any, expected: int) -> list[float | None]:
@@ -36,7 +40,12 @@ def check_reward_output(name: str, output: Any, expected: int) -> list[float | N
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError(f"reward function {name!r} returned {type(value).__name__} {_short(value)} for completion "
                              f"{i}; it must return {RETURNS}")
-        out.append(float(value))
+        value = float(value)
+        if math.isfinite(value) and abs(value) > FLOAT32_MAX:
+            raise ValueError(f"reward function {name!r} returned {value!r} for completion {i}, beyond float32's range "
+                             f"(+-{FLOAT32_MAX:.4g}) in which TRL keeps rewards, where it would be inf; it must return "
+                             f"{RETURNS}, each within that range")
+        out.append(value)
     return out
 
 

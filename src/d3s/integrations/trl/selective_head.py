@@ -120,15 +120,16 @@ def selective_forward(
     value_positions: torch.Tensor | None,
     entropy: bool = False,
     aux_rows: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
-    """`(per_token_logps, entropies, aux_loss, positions)`: `(S, T)` scored only where asked, zeros elsewhere.
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, dict[str, int]]:
+    """`(per_token_logps, entropies, aux_loss, computed)`: `(S, T)` scored only where asked, zeros elsewhere.
 
     The forward stops at the last column any row needs and the LM head runs only at `grad_positions`
     (with gradient) and `value_positions` (without). Entropies are returned at every scored position
     when `entropy`. With `aux_rows` `(S,)` (a mixture-of-experts model whose router loss trains), the
     forward runs over the whole width and `aux_loss` is the router's load-balancing loss over every
-    token of those rows, prompt included, as TRL computes it for its rows; else None. `positions` is the
-    number of positions the backbone computed.
+    token of those rows, prompt included, as TRL computes it for its rows; else None. `computed` counts the
+    positions the call computed: `body` (the backbone's, rows x columns), `head` (the LM head's at
+    `grad_positions`) and `head_no_grad` (at the other `value_positions`, without gradient).
     """
     S, T = completion_ids.shape
     wanted = grad_positions if value_positions is None else value_positions
@@ -150,4 +151,8 @@ def selective_forward(
     if W < T:  # (S, W) -> (S, T)
         logps = torch.nn.functional.pad(logps, (0, T - W))
         entropies = None if entropies is None else torch.nn.functional.pad(entropies, (0, T - W))
-    return logps, entropies, aux_loss, input_ids.numel()
+    grad, values = positions["grad"], positions["values"]
+    rest = values if grad is None else (values & ~grad if values is not None else None)  # as `forward` scores them
+    computed = {"body": input_ids.numel(), "head": 0 if grad is None else int(grad.sum()),
+                "head_no_grad": 0 if rest is None else int(rest.sum())}
+    return logps, entropies, aux_loss, computed

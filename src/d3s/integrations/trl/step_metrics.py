@@ -219,49 +219,6 @@ def log_generated_entropy(accelerator, metrics: dict, entropies, loss_mask, also
         metrics["entropy"].append(value)
 
 
-class Positions:
-    """The positions the trainer has run its model over so far, every process together: `trained` (training
-    forwards with gradient, each with its backward) and `no_grad` (scoring passes without gradient: old-policy,
-    reference and entropy passes; the KL monitor's are measurement and left out). Generated positions are TRL's count (`state.num_input_tokens_seen`).
-
-    A compute estimate (`d3s train`'s FLOPs) is read from them; they never change training."""
-
-    def __init__(self) -> None:
-        self.trained = 0.0
-        self.no_grad = 0.0
-        self.pending_no_grad = 0.0  # this process's, not yet summed over processes
-        self.counting = True
-
-    def add_no_grad(self, positions: float) -> None:
-        """A scoring pass of this process (summed over processes at the next training forward)."""
-        if self.counting:
-            self.pending_no_grad += float(positions)
-
-    @contextlib.contextmanager
-    def uncounted(self):
-        """Passes inside are measurement, not training (the KL monitor): not counted."""
-        self.counting = False
-        try:
-            yield
-        finally:
-            self.counting = True
-
-    def log_trained(self, accelerator, metrics: dict, positions: int, accumulation_steps: int) -> None:
-        """A training forward of `positions` on this process (collective: every process calls it per micro-batch).
-
-        Logs `d3s/tokens_computed` (the forward's positions, all ranks) and `d3s/tokens_no_grad` (the scoring
-        passes since the last call), each summed over the step's micro-batches (TRL averages a step's values,
-        hence the factor)."""
-        local = torch.tensor([float(positions), self.pending_no_grad], device=accelerator.device)
-        total = accelerator.reduce(local, reduction="sum")
-        self.pending_no_grad = 0.0
-        trained, no_grad = float(total[0]), float(total[1])
-        self.trained += trained
-        self.no_grad += no_grad
-        metrics["d3s/tokens_computed"].append(trained * accumulation_steps)
-        metrics["d3s/tokens_no_grad"].append(no_grad * accumulation_steps)
-
-
 def replace_sampling_metrics(accelerator, metrics: dict, old_per_token_logps, sampling_per_token_logps, loss_mask, ratio):
     """TRL logged its sampler metrics (`REPLACED_TRL_METRICS`) from placeholders; replace them with the
     kept rows' values."""

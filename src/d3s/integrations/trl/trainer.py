@@ -19,10 +19,11 @@ whole data flow):
 7. The loss (`d3s.policy_loss`) divides by global counts over the generation batch (`loss_denominator`),
    so the update does not depend on how TRL splits the rows.
 
-Given the same kept rows and token mask, steps 4-6 change the cost, never the update (tested). Metrics and
-step timing: `step_metrics`; the KL metric at beta = 0: `kl_monitor`; reward functions' outputs checked:
-`rewards`; the TRL methods overridden, called or read: `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`)
-scores TRL's full eval batch with TRL's objective.
+Given the same kept rows and token mask, steps 4-6 change the cost, never the update (tested). What every pass
+computes: `positions` (`d3s_positions`, from which `d3s train` counts FLOPs). Metrics and step timing:
+`step_metrics`; the KL metric at beta = 0: `kl_monitor`; reward functions' outputs checked: `rewards`; the TRL
+methods overridden, called or read: `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`) scores TRL's full eval
+batch with TRL's objective.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from transformers import ProcessorMixin
 
 from d3s.advantages import weighted_rewards, zero_where_flat
 from d3s.batch import deal_rows, loss_denominator
-from d3s.integrations.trl import optimizer_steps, passes, prompts, step_metrics, token_mask
+from d3s.integrations.trl import optimizer_steps, passes, positions, prompts, step_metrics, token_mask
 from d3s.integrations.trl.compat import GRPOTrainer, is_peft_model
 from d3s.integrations.trl.config import D3SConfig
-from d3s.integrations.trl.generation import DeferredPasses, GenerationEntropy, shared_prefill_turn
+from d3s.integrations.trl.generation import (CountedPasses, DeferredPasses, GenerationEntropy, counted_rollout_func,
+                                             shared_prefill_turn, turn_positions)
 from d3s.integrations.trl.kl_monitor import KLMonitor
 from d3s.integrations.trl.rewards import checked_reward_funcs
 from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, loss_mask, take_rows
@@ -77,7 +79,9 @@ class D3SGRPOTrainer(GRPOTrainer):
         self._d3s_timer = step_metrics.StepTimer(self.accelerator.device)
         self.add_callback(step_metrics.StepEnd(self._d3s_timer, self._metrics["train"]))
         self._d3s_kl = KLMonitor(self.args.kl_log_every, self.args.kl_log_rollouts)
-        self.d3s_positions = step_metrics.Positions()  # positions computed: a compute estimate reads them
+        self.d3s_positions = positions.Positions()  # positions computed: `d3s train`'s FLOPs are read from them
+        if self.rollout_func is not None:  # a custom generation: counted from the ids it returns
+            self.rollout_func = counted_rollout_func(self, self.rollout_func)
         self._d3s_prompts = None  # which prompts a generation batch holds (`prompts`), when an option is on
         self.d3s_prompt_hashes: list[str] = []  # the current generation batch's distinct prompts (`prompts.hashes`)
         if self.args.d3s_chooses_prompts:
@@ -139,7 +143,9 @@ class D3SGRPOTrainer(GRPOTrainer):
         capture = contextlib.nullcontext()
         if training and not self.tools:
             capture = GenerationEntropy(self.accelerator.unwrap_model(self.model), self.temperature)
-        defer = DeferredPasses(self) if training and self.d3s_active else contextlib.nullcontext()
+        defer = contextlib.nullcontext()
+        if training:  # TRL's per-rollout no-grad passes: deferred to the kept rows, or counted as TRL runs them
+            defer = DeferredPasses(self) if self.d3s_active else CountedPasses(self)
         self._d3s_capture = capture if isinstance(capture, GenerationEntropy) else None
         with capture, defer:
             batch = super()._generate_and_score_completions(inputs)
@@ -157,8 +163,15 @@ class D3SGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
         # the rest: `num_generations` (TRL >= 1.14), `has_tool_images`
         if self.args.shared_prefill_generation and images is None and not multimodal_fields:
-            return shared_prefill_turn(self, prompt_ids)  # transformers path, each distinct prompt prefilled once
-        return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
+            # transformers path, each distinct prompt prefilled once
+            completion_ids, logprobs, computed = shared_prefill_turn(self, prompt_ids)
+        else:
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args,
+                                                                     **kwargs)
+            computed = turn_positions(self, prompt_ids, completion_ids)
+        if self.model.training:
+            self.d3s_positions.add_generation(**computed)
+        return completion_ids, logprobs
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:
@@ -327,13 +340,15 @@ class D3SGRPOTrainer(GRPOTrainer):
 
     def _d3s_forward(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, grad_positions,
                      value_positions, entropy: bool = False, aux_rows=None):
-        """The selective training forward, counting its positions (`d3s/tokens_computed`)."""
-        logps, entropies, aux_loss, positions = selective_forward(
+        """The selective training forward, counting its positions (`positions.Positions.log_trained`)."""
+        logps, entropies, aux_loss, computed = selective_forward(
             model, self.accelerator, prompt_ids, prompt_mask, completion_ids, completion_mask,
             grad_positions=grad_positions, value_positions=value_positions, entropy=entropy, aux_rows=aux_rows,
         )
-        accumulation = self.current_gradient_accumulation_steps
-        self.d3s_positions.log_trained(self.accelerator, self._metrics["train"], positions, accumulation)
+        self.d3s_positions.log_trained(
+            self.accelerator, self._metrics["train"], computed["body"], self.current_gradient_accumulation_steps,
+            head=computed["head"], head_no_grad=computed["head_no_grad"],
+        )
         return logps, entropies, aux_loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -348,18 +363,20 @@ class D3SGRPOTrainer(GRPOTrainer):
         """TRL's loss, unchanged; in training, the positions its passes computed are counted."""
         metrics = self._metrics["train"]
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if self.model.training:
-            positions = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
-            scored = [k for k in ("old_per_token_logps", "ref_per_token_logps") if inputs.get(k) is not None]
-            self.d3s_positions.add_no_grad(positions * len(scored))  # TRL's passes of these rows
-            accumulation = self.current_gradient_accumulation_steps
-            self.d3s_positions.log_trained(self.accelerator, metrics, positions, accumulation)
+        if self.model.training:  # TRL's forward: the body over every column, its fused head at the completion
+            # tokens (`positions.labelled_positions`); its no-grad passes were counted as they ran (CountedPasses)
+            body = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
+            self.d3s_positions.log_trained(
+                self.accelerator, metrics, body, self.current_gradient_accumulation_steps,
+                head=int(inputs["completion_mask"].sum()),
+            )
             if metrics["entropy"]:
                 metrics["entropy/trained"].append(metrics["entropy"][-1])
         return loss
 
     def _d3s_compute_loss(self, model, inputs):
         """The D3S loss of a training micro-batch: the selective forward and `d3s.policy_loss`."""
+        metrics = self._metrics["train"]
         settings = self.args.d3s_settings
         completion_mask = inputs["completion_mask"]
         mask = loss_mask(inputs)  # (S, T)
