@@ -8,8 +8,9 @@ Every figure sits in a marked block of a page:
 
 and comes from `benchmarks/results/<folder>/compare.json` (what `d3s compare` wrote) or, for what that file
 does not hold (the held-out curve of every run, the machine a run was timed on), the run folders beside it.
-Each block names its source folders in its text. Two blocks come from the code instead: docs/trl.md's table of
-`D3SConfig`'s fields (from the dataclass) and the README's supported versions (from pyproject.toml). The pages
+Each block names its source folders in its text. Three blocks come from the code instead: docs/trl.md's table of
+`D3SConfig`'s fields (from the dataclass), its table of the private TRL names the glue relies on (from
+`PRIVATE_TRL_API`), and the supported versions (from pyproject.toml). The pages
 are README.md and docs/*.md (docs/results.md holds the results).
 
     python scripts/readme_figures.py           # rewrite every block from the data
@@ -894,7 +895,26 @@ def supported_versions(root: Path, prefix: str = "") -> str:
             + project["optional-dependencies"]["trl"]}
     shown = ", ".join(f"`{pins[name]}`" for name in ("torch", "trl", "transformers", "accelerate", "datasets"))
     return (f"Supported: Python `{project['requires-python']}`, {shown} (`pyproject.toml`; the TRL glue overrides "
-            f"private TRL methods, so TRL is pinned to the minor version it was verified with).")
+            f"private TRL methods, so TRL and transformers are held to the versions measured: "
+            f"[docs/compatibility.md]({prefix}docs/compatibility.md)).")
+
+
+def private_trl_names(root: Path, prefix: str = "") -> str:
+    """docs/trl.md's table of `PRIVATE_TRL_API`: each private (or undocumented) TRL name the glue relies on, the TRL
+    versions that have it, how the glue uses it and why no public API does instead, read from compat.py itself."""
+    from d3s.integrations.trl.compat import PRIVATE_TRL_API, PRIVATE_TRL_API_REASONS
+
+    lines = ["| TRL name | TRL versions | Use, and why not a public API |", "|---|---|---|"]
+    for name, expected in PRIVATE_TRL_API.items():
+        versions = ", ".join(f"`{spec}`" for spec in expected) if isinstance(expected, dict) else "all supported"
+        lines.append(f"| `{name}` | {versions} | {PRIVATE_TRL_API_REASONS[name]} |")
+    public = sum(PRIVATE_TRL_API_REASONS[name].startswith("Public") for name in PRIVATE_TRL_API)
+    lines.append("")
+    lines.append(f"{len(PRIVATE_TRL_API)} entries (`d3s.integrations.trl.compat.PRIVATE_TRL_API`): {public} public "
+                 f"methods the trainer overrides, {len(PRIVATE_TRL_API) - public} private or undocumented names. "
+                 "A test checks every entry against the installed TRL, and that the glue relies on no TRL name "
+                 "the table does not list.")
+    return "\n".join(lines)
 
 
 def d3s_config_fields(root: Path, prefix: str = "") -> str:
@@ -941,6 +961,7 @@ FIGURES = {
     "gpu-training-phase": gpu_training_phase,
     "generation-share": generation_share,
     "supported-versions": supported_versions,
+    "private-trl-names": private_trl_names,
     "credit-verdict": credit_verdict,
     "flops-step": flops_step,
 }

@@ -73,7 +73,9 @@ class FullMaskedTrainer(D3SGRPOTrainer):
 
     pass_checks = 0
 
-    def _compute_loss(self, model, inputs):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not self.model.training:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         return full_masked_loss(self, model, inputs)
 
     def _d3s_kept_row_passes(self, batch, loss_mask, need_entropy):
@@ -142,8 +144,8 @@ class CheckingTrainer(D3SGRPOTrainer):
     """At every micro-batch, on the same weights and inputs: the selective loss and its gradients
     against the full masked computation's."""
 
-    def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not self.model.training:
             return loss
         reference = full_masked_loss(self, model, inputs)
@@ -485,8 +487,8 @@ class CheckingMoETrainer(D3SGRPOTrainer):
     """As `CheckingTrainer`, for a mixture-of-experts model: the reference adds TRL's router load-balancing loss
     over the micro-batch's real rows (TRL's own `_get_per_token_logps_and_entropies(compute_aux_loss=True)`)."""
 
-    def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not self.model.training:
             return loss
         real = inputs["d3s_real"]

@@ -13,6 +13,7 @@ from packaging.version import Version  # noqa: E402
 
 from d3s import linear_schedule  # noqa: E402
 from d3s.integrations.trl import (  # noqa: E402
+    TRANSFORMERS_VERSION_RANGE,
     TRL_VERSION_RANGE,
     D3SConfig,
     trl_signature_mismatches,
@@ -36,6 +37,10 @@ def test_installed_trl_is_in_the_verified_range():
     assert low <= Version(trl.__version__) < high, (
         f"trl {trl.__version__} is outside the verified range [{low}, {high}); re-verify the overridden methods"
     )
+    import transformers
+
+    low, high = TRANSFORMERS_VERSION_RANGE
+    assert low <= Version(transformers.__version__) < high, f"transformers {transformers.__version__}: [{low}, {high})"
 
 
 def test_overridden_trl_methods_keep_their_signatures():

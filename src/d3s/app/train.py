@@ -346,10 +346,9 @@ def _whole_weights(trainer):
     if trainer is None or not trainer.is_deepspeed_enabled or trainer.accelerator.state.deepspeed_plugin.zero_stage != 3:
         return contextlib.nullcontext()
     if trainer.model_wrapped is not trainer.model:  # the DeepSpeed engine exists: TRL's way, hooks off
-        from trl.models.utils import unwrap_model_for_generation
+        from d3s.integrations.trl.compat import unwrap_whole
 
-        return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                           gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+        return unwrap_whole(trainer)
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(list(trainer.model.parameters()))

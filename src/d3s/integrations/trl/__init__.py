@@ -4,7 +4,7 @@ Thin on purpose: the maths (selection, token mask, schedule, loss) is the core's
 moves TRL's tensors in and out of it. See docs/method.md for the method and docs/trl.md for use.
 One file per concern, as TRL ships its own methods:
 
-    compat.py          the verified TRL range and every private TRL name relied on (a test checks them)
+    compat.py          the supported TRL/transformers, the shims per TRL version, every private TRL name relied on
     config.py          D3SConfig: GRPOConfig plus the D3S fields, resolved and validated once
     trainer.py         D3SGRPOTrainer: the algorithm path (generation -> selection -> passes -> loss)
     rows.py            the per-rollout tensors of TRL's batch that follow a selection
@@ -14,7 +14,12 @@ One file per concern, as TRL ships its own methods:
     kl_monitor.py      the KL to the initial policy at beta = 0
 """
 
-from d3s.integrations.trl.compat import PRIVATE_TRL_API, TRL_VERSION_RANGE, trl_signature_mismatches
+from d3s.integrations.trl.compat import (
+    PRIVATE_TRL_API,
+    TRANSFORMERS_VERSION_RANGE,
+    TRL_VERSION_RANGE,
+    trl_signature_mismatches,
+)
 from d3s.integrations.trl.config import D3SConfig, D3SGRPOConfig
 from d3s.integrations.trl.step_metrics import STEP_TIME_PARTS
 from d3s.integrations.trl.trainer import D3SGRPOTrainer
@@ -25,6 +30,7 @@ __all__ = [
     "D3SGRPOTrainer",
     "PRIVATE_TRL_API",
     "STEP_TIME_PARTS",
+    "TRANSFORMERS_VERSION_RANGE",
     "TRL_VERSION_RANGE",
     "trl_signature_mismatches",
 ]

@@ -10,7 +10,7 @@ import torch
 
 from d3s.entropy import align_step_entropies, token_entropy
 from d3s.integrations.trl import decoding
-from d3s.integrations.trl.compat import is_peft_model, unwrap_model_for_generation
+from d3s.integrations.trl.compat import eos_token_ids, is_peft_model, unwrap_for_generation
 from d3s.integrations.trl.positions import generate_positions, labelled_positions, unpadded_positions
 
 
@@ -115,14 +115,9 @@ def shared_prefill_turn(trainer, prompt_ids: list[list[int]]) -> tuple[list[list
     """
     capture = getattr(trainer, "_d3s_capture", None)
     sampling = decoding.sampling_from_generation_config(trainer.generation_config)
-    sampling = decoding.Sampling(**{**vars(sampling), "eos_token_ids": tuple(trainer.eos_token_ids)})
+    sampling = decoding.Sampling(**{**vars(sampling), "eos_token_ids": eos_token_ids(trainer)})
     with (
-        unwrap_model_for_generation(
-            trainer.model_wrapped, trainer.accelerator,
-            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-            generation_kwargs=trainer.generation_kwargs,
-            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-        ) as unwrapped_model,
+        unwrap_for_generation(trainer) as unwrapped_model,
         torch.no_grad(),
         trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
     ):

@@ -209,7 +209,7 @@ def generate(trainer, inputs: list[dict]) -> tuple[dict, torch.Tensor | None, di
     with_entropy = all(r[1] is not None for r in rounds)
     parts = [{**r[0], "d3s_entropies": r[1] if with_entropy else None} for r in rounds]
     merged = merge_generations(parts, rows.to(accelerator.device), accelerator=accelerator,
-                               pad_token_id=trainer._tokenizer.pad_token_id,
+                               pad_token_id=trainer.processing_class.pad_token_id,
                                cut_columns=trainer.pad_to_multiple_of is None)
     entropies = merged.pop("d3s_entropies", None)
     rewards_per_func = torch.cat([r[2] for r in rounds])  # (R*B*G, F)

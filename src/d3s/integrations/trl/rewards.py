@@ -10,6 +10,7 @@ string must name a model that can be found.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Any, Callable
@@ -92,11 +93,33 @@ def _check_model_name(index: int, name: str) -> None:
                          f"{RETURNS}") from None
 
 
+def _is_async(func: Callable) -> bool:
+    """Whether calling `func` returns a coroutine: TRL's `is_async_callable` (TRL >= 1.14), else the same test."""
+    try:
+        from trl.trainer.utils import is_async_callable
+    except ImportError:  # TRL < 1.14
+        return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+    return is_async_callable(func)
+
+
+def _checked_async(func: Callable) -> Callable:
+    """A `CheckedAsyncReward`; before TRL 1.14, which awaits only coroutine functions
+    (`inspect.iscoroutinefunction`), the same check inside an `async def`."""
+    checked = CheckedAsyncReward(func)
+    try:
+        from trl.trainer.utils import is_async_callable  # noqa: F401  TRL >= 1.14 awaits any async callable
+    except ImportError:
+        async def reward(prompts=None, completions=None, **kwargs):
+            return await checked(prompts=prompts, completions=completions, **kwargs)
+
+        reward.__name__, reward.d3s_checked = checked.__name__, True
+        return reward
+    return checked
+
+
 def checked_reward_funcs(reward_funcs: Any) -> Any:
     """`reward_funcs` as TRL takes them (one, a list, or None), each callable wrapped in a `CheckedReward` and each
     string checked to name a reward model that can be found; anything else is a ValueError naming it."""
-    from trl.trainer.utils import is_async_callable
-
     if reward_funcs is None:
         return None
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
@@ -105,10 +128,10 @@ def checked_reward_funcs(reward_funcs: Any) -> Any:
         if isinstance(func, str):
             _check_model_name(i, func)
             out.append(func)
-        elif isinstance(func, CheckedReward) or hasattr(func, "config"):  # already checked, or a reward model
-            out.append(func)
+        elif isinstance(func, CheckedReward) or getattr(func, "d3s_checked", False) or hasattr(func, "config"):
+            out.append(func)  # already checked, or a reward model
         elif callable(func):
-            out.append(CheckedAsyncReward(func) if is_async_callable(func) else CheckedReward(func))
+            out.append(_checked_async(func) if _is_async(func) else CheckedReward(func))
         else:
             raise ValueError(f"reward_funcs[{i}]={_short(func)} is a {type(func).__name__}; give a callable "
                              f"(completions, **columns) -> {RETURNS}, or a reward model (name or module)")

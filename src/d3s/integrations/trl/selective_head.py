@@ -17,7 +17,7 @@ import types
 import torch
 
 from d3s.batch import last_used_column
-from d3s.integrations.trl.compat import _CHUNKED_LOGPROB_CHUNK_SIZE, ChunkedLogProbFunction, maybe_gather_lm_head_ctx
+from d3s.integrations.trl.compat import log_prob_kernel, maybe_gather_lm_head_ctx
 
 
 def head_scales(config) -> tuple[float | None, float]:
@@ -76,11 +76,7 @@ def add_selective_lm_head(model, temperature: float, cast_lm_head_to_fp32: bool)
             if cast_lm_head_to_fp32:
                 h, ctx = h.float(), torch.autocast(h.device.type, enabled=False)
             with ctx, maybe_gather_lm_head_ctx(weight, bias):
-                logps, ent, *_ = ChunkedLogProbFunction.apply(
-                    h, weight, bias, labels[where], temperature, _CHUNKED_LOGPROB_CHUNK_SIZE, softcap, logit_scale,
-                    outputs,
-                )
-            return logps, ent
+                return log_prob_kernel(h, weight, bias, labels[where], temperature, softcap, logit_scale, outputs)
 
         zeros = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
         logps, entropies = zeros, (zeros if d3s_positions["entropy"] else None)

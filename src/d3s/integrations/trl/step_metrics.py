@@ -12,6 +12,7 @@ import sys
 import time
 
 import torch
+from transformers import TrainerCallback
 
 from d3s.integrations.trl.compat import REPLACED_TRL_METRICS, nanmax, nanmin
 from d3s.loss import clip_shares
@@ -53,6 +54,17 @@ class StepTimer:
         times["backward"] = max(step_time - sum(times.values()), 0.0)
         for part, seconds in times.items():
             metrics[f"d3s/time/{part}"].append(seconds)
+
+
+class StepEnd(TrainerCallback):
+    """Ends the `StepTimer`'s optimizer step: `on_step_end` runs once per optimizer step, after TRL's last
+    `training_step` of it has logged `step_time` and before the step's metrics are logged."""
+
+    def __init__(self, timer: StepTimer, metrics: dict):
+        self.timer, self.metrics = timer, metrics  # metrics: the trainer's `_metrics["train"]`
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.timer.end_step(self.metrics)
 
 
 def log_selection(

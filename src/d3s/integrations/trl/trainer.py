@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from transformers import ProcessorMixin
 
 from d3s.advantages import weighted_rewards, zero_where_flat
 from d3s.batch import deal_rows, loss_denominator
@@ -68,7 +69,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         if not isinstance(args, D3SConfig):
             raise TypeError(f"D3SGRPOTrainer needs a D3SConfig (a GRPOConfig subclass), got {type(args).__name__}")
         super().__init__(model, checked_reward_funcs(reward_funcs), args, *rest, **kwargs)
-        if getattr(self, "_is_vlm", False):
+        if isinstance(self.processing_class, ProcessorMixin):  # TRL's test of a vision-language model
             raise NotImplementedError(
                 "D3SGRPOTrainer does not support vision-language models yet: the images (pixel_values, ...) "
                 "would have to follow every row it selects; use trl.GRPOTrainer for this model"
@@ -76,6 +77,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         self.d3s_last_selection: dict = {}
         self._d3s_rewards_per_func: torch.Tensor | None = None  # (B*G, F) of the current generation batch
         self._d3s_timer = step_metrics.StepTimer(self.accelerator.device)
+        self.add_callback(step_metrics.StepEnd(self._d3s_timer, self._metrics["train"]))
         self._d3s_kl = KLMonitor(self.args.kl_log_every, self.args.kl_log_rollouts)
         self.d3s_positions = positions.Positions()  # positions computed: `d3s train`'s FLOPs are read from them
         if self.rollout_func is not None:  # a custom generation: counted from the ids it returns
@@ -158,14 +160,14 @@ class D3SGRPOTrainer(GRPOTrainer):
         entropies = capture.entropies(batch["completion_mask"], T) if isinstance(capture, GenerationEntropy) else None
         return batch, entropies
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
+        # the rest: `num_generations` (TRL >= 1.14), `has_tool_images`
         if self.args.shared_prefill_generation and images is None and not multimodal_fields:
             # transformers path, each distinct prompt prefilled once
             completion_ids, logprobs, computed = shared_prefill_turn(self, prompt_ids)
         else:
-            completion_ids, logprobs = super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args,
+                                                                     **kwargs)
             computed = turn_positions(self, prompt_ids, completion_ids)
         if self.model.training:
             self.d3s_positions.add_generation(**computed)
@@ -196,12 +198,6 @@ class D3SGRPOTrainer(GRPOTrainer):
         if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):  # there the engine owns gradients and step
             optimizer_steps.install(optimizer, self._metrics["train"], self.args.skip_steps_without_signal)
         return optimizer
-
-    def training_step(self, model, inputs, num_items_in_batch):
-        output = super().training_step(model, inputs, num_items_in_batch)  # TRL counts self._step, step_time
-        if self._step % self.current_gradient_accumulation_steps == 0:  # the optimizer step's last micro-batch
-            self._d3s_timer.end_step(self._metrics["train"])
-        return output
 
     def _d3s_select(self, batch: dict, generation_entropies: torch.Tensor | None) -> dict:
         """Rewards -> advantages -> rollouts kept -> every per-rollout pass for the kept ones -> token mask.
@@ -255,7 +251,7 @@ class D3SGRPOTrainer(GRPOTrainer):
         slots = deal_rows(kept, P, self.args.steps_per_generation)  # (P, R)
         batch = take_rows(
             batch, slots[rank], trained_advantages, accelerator=self.accelerator,
-            pad_token_id=self._tokenizer.pad_token_id, cut_columns=self.pad_to_multiple_of is None,
+            pad_token_id=self.processing_class.pad_token_id, cut_columns=self.pad_to_multiple_of is None,
         )
         mask = loss_mask(batch)  # (R, T')
 
@@ -355,24 +351,32 @@ class D3SGRPOTrainer(GRPOTrainer):
         )
         return logps, entropies, aux_loss
 
-    def _compute_loss(self, model, inputs):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         with self._d3s_timed("forward"):
+            if not self.d3s_active or not self.model.training:  # TRL's own computation (plain GRPO/GSPO, evaluation)
+                return self._d3s_trl_loss(model, inputs, return_outputs, num_items_in_batch)
+            if return_outputs:
+                raise ValueError("The GRPOTrainer does not support returning outputs")  # as TRL
             return self._d3s_compute_loss(model, inputs)
 
-    def _d3s_compute_loss(self, model, inputs):
+    def _d3s_trl_loss(self, model, inputs, return_outputs, num_items_in_batch):
+        """TRL's loss, unchanged; in training, the positions its passes computed are counted."""
         metrics = self._metrics["train"]
-        if not self.d3s_active or not self.model.training:
-            loss = super()._compute_loss(model, inputs)  # TRL's own computation (plain GRPO/GSPO, evaluation)
-            if self.model.training:  # TRL's forward: the body over every column, its fused head at the completion
-                # tokens (`positions.labelled_positions`); its no-grad passes were counted as they ran (CountedPasses)
-                body = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
-                self.d3s_positions.log_trained(
-                    self.accelerator, metrics, body, self.current_gradient_accumulation_steps,
-                    head=int(inputs["completion_mask"].sum()),
-                )
-                if metrics["entropy"]:
-                    metrics["entropy/trained"].append(metrics["entropy"][-1])
-            return loss
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.model.training:  # TRL's forward: the body over every column, its fused head at the completion
+            # tokens (`positions.labelled_positions`); its no-grad passes were counted as they ran (CountedPasses)
+            body = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
+            self.d3s_positions.log_trained(
+                self.accelerator, metrics, body, self.current_gradient_accumulation_steps,
+                head=int(inputs["completion_mask"].sum()),
+            )
+            if metrics["entropy"]:
+                metrics["entropy/trained"].append(metrics["entropy"][-1])
+        return loss
+
+    def _d3s_compute_loss(self, model, inputs):
+        """The D3S loss of a training micro-batch: the selective forward and `d3s.policy_loss`."""
+        metrics = self._metrics["train"]
         settings = self.args.d3s_settings
         completion_mask = inputs["completion_mask"]
         mask = loss_mask(inputs)  # (S, T)
