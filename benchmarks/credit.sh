@@ -85,7 +85,7 @@ compare_by_seed() {  # folder seeds variants [options...]: one d3s compare per s
         lscpu_record "$folder"  # after the first compare: d3s compare claims only an empty folder or its own
         commit_runs "$folder"
     done
-    $D3S compare "$@" --variants "$variants" --seeds "$seeds" "${COMMON[@]}" --output_dir "$folder" --plots true
+    $D3S compare "$@" --variants "$variants" --seeds "$seeds" --keep_checkpoints none --plots true --output_dir "$folder"
     commit_runs "$folder"
 }
 
