@@ -2,7 +2,8 @@
 # The TRL compatibility matrix, on demand: for each TRL version (with a transformers version, optionally), a
 # virtual environment under FOLDER with torch FIRST (a later resolver pass must not pull a CUDA build), then TRL,
 # then d3s itself (editable, without its pins); in it, the private-name check (`trl_signature_mismatches()`) and
-# the exactness tests. Prints one table row per version, as docs/compatibility.md records them.
+# the exactness tests. Prints one table row per version, as docs/compatibility.md records them, and appends each
+# row to FOLDER/rows.md as it is measured.
 #
 #   bash scripts/trl_matrix.sh                                   # docs/compatibility.md's rows, under .venv-trl-matrix
 #   bash scripts/trl_matrix.sh FOLDER 1.14.2:5.25.0 1.16.0       # TRL[:transformers] pairs; no transformers: pip's pick
@@ -69,6 +70,7 @@ print(len(found), ' '.join(found) or '-')" 2>&1 | tail -1) || mismatched="import
   failed=$(( $(grep -o '[0-9]* failed' <<< "$summary" | cut -d' ' -f1 || echo 0) + \
              $(grep -o '[0-9]* error' <<< "$summary" | cut -d' ' -f1 || echo 0) ))
   rows+=("| $trl_v | $tf_v | $mismatched | ${passed:-0} | $failed | $supported | $((SECONDS - start)) s |")
+  echo "${rows[-1]}" >> "$folder/rows.md"  # each row as it is measured: a stopped matrix keeps the rows it has
   if [ "$supported" = yes ] && [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then  # 5: no test collected
     status=1
   fi
