@@ -115,6 +115,19 @@ def test_wall_clock_ratios_from_different_machines_are_refused_in_one_line():
     refuse_mixed_machines(summary)
 
 
+def test_wall_clock_ratios_with_a_loaded_run_are_refused_naming_it():
+    here = machine_description(None)
+    summary = {"reference": "grpo", "variants": {
+        "grpo": {"per_seed": [{"seed": 1, "machine": here, "quiet": True}]},
+        "d3s": {"per_seed": [{"seed": 1, "machine": here, "quiet": False}, {"seed": 2, "machine": here}]}}}
+    with pytest.raises(RecipeError) as err:
+        refuse_mixed_machines(summary)
+    assert "d3s-seed1 ran while something else loaded the machine" in str(err.value)
+    assert "seed2" not in str(err.value)  # a run with no load record is not said to be loaded
+    summary["variants"]["d3s"]["per_seed"][0]["quiet"] = True
+    refuse_mixed_machines(summary)
+
+
 # ---------------------------------------------------------------------------------------------
 # A comparison end to end
 # ---------------------------------------------------------------------------------------------

@@ -71,8 +71,8 @@ class CompareArgs:
         "help": "with --budget: held-out evaluations over the budget, the end included (the reference evaluates "
                 "every max_steps // budget_points steps)"})
     wall_clock_ratios: bool = field(default=False, metadata={
-        "help": "refuse to finish unless every run was timed on one machine (wall-clock ratios need it; without "
-                "this, the tables say where they could not compare)"})
+        "help": "refuse to finish unless every run was timed on one machine with nothing else running (wall-clock "
+                "ratios need both; without this, the tables say where they could not compare)"})
     keep_checkpoints: KeepCheckpoints = field(default="model", metadata={
         "help": "what each finished run keeps of its checkpoints: 'model' the final model without optimizer and "
                 "RNG states, 'none' nothing, 'all' everything (a full checkpoint of a 135M model with Adam is about "
@@ -313,7 +313,8 @@ def check_every_run(variants: Sequence[str], reference: str, seeds: Sequence[int
 
 
 def refuse_mixed_machines(summary: dict) -> None:
-    """One line naming the runs timed on another machine than the reference's first run (or on none recorded)."""
+    """One line naming the runs timed on another machine than the reference's first run (or on none recorded), and
+    the runs timed while something else loaded the machine (`d3s.app.machine.quiet`)."""
     rows = [(v, p) for v, row in summary["variants"].items() for p in row["per_seed"]]
     first = summary["variants"][summary["reference"]]["per_seed"][0]["machine"]
     other = [f"{v}-seed{p['seed']}" for v, p in rows if not same_machine(p["machine"], first)]
@@ -321,6 +322,12 @@ def refuse_mixed_machines(summary: dict) -> None:
         raise RecipeError(f"--wall_clock_ratios true: {', '.join(other[:4])}{' and more' if len(other) > 4 else ''} "
                           "were timed on another machine than the reference's first run, or on one not recorded; "
                           "rerun them here, or leave the option off (the tables then say where they cannot compare)")
+    loaded = [f"{v}-seed{p['seed']}" for v, p in rows if p.get("quiet") is False]
+    if loaded:
+        raise RecipeError(f"--wall_clock_ratios true: {', '.join(loaded[:4])}{' and more' if len(loaded) > 4 else ''} "
+                          "ran while something else loaded the machine (1-minute load average above its CPU count "
+                          "at start or end; summary.json's load); rerun them with nothing else running, or leave the "
+                          "option off (the tables then say where they cannot compare)")
 
 
 def cmd_compare(argv: Sequence[str]) -> int:
