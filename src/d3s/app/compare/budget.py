@@ -14,7 +14,8 @@ and the compute share at which the run reached the same seed's reference final a
 paired by seed against the reference, the mean differences with their 95% intervals, the exact sign-flip
 p-values (raw, and Holm-corrected over the non-reference arms of this table, one family per measure), the range
 of the mean difference with any one seed left out, the probability of improvement and the minimum detectable
-difference at this seed count (`d3s.app.compare.stats`).
+difference at this seed count (`d3s.app.compare.stats`), and the correlation over seeds of the accuracies at the
+budget with the reference's (`d3s.app.compare.pairing`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from d3s.app.budget import FLOPS_CONVENTION, flops_convention
+from d3s.app.compare.pairing import correlation
 from d3s.app.compare.stats import (area_under_curve, minimum_detectable_difference, paired_interval,
                                    paired_tests, probability_of_improvement, reached_and_held)
 from d3s.app.errors import RecipeError
@@ -167,6 +169,9 @@ def budget_summary(runs: dict[str, list[dict]], reference: str, early: float = 0
             row[f"{name}_mdd"] = (minimum_detectable_difference(row[f"{name}_sd"], len(diffs))
                                   if row[f"{name}_sd"] is not None else None)
             row[f"{name}_complete"] = complete
+        paired = [(p["accuracy_at_budget"], ref_rows[s]["accuracy_at_budget"]) for s, p in per_seed.items()
+                  if p["accuracy_at_budget"] is not None and ref_rows[s]["accuracy_at_budget"] is not None]
+        row["correlation_with_reference"] = correlation(*zip(*paired)) if v != reference and paired else None
         row["probability_of_improvement"] = (probability_of_improvement(
             _paired({s: p["accuracy_at_budget"] for s, p in per_seed.items()},
                     {s: p["accuracy_at_budget"] for s, p in ref_rows.items()})[0]) if v != reference else None)

@@ -246,6 +246,29 @@ def _runs(summary: dict) -> list[str]:
          "machine", "load (start / end)"], rows)
 
 
+def _pairing(summary: dict) -> list[str]:
+    """Whether each arm is paired in fact with the reference: the same prompts, and correlated outcomes."""
+    ref, rows = summary["reference"], []
+    for v, row in summary["variants"].items():
+        if v == ref or "prompts_checked_seeds" not in row:  # a compare.json written before pairing was checked
+            continue
+        checked, same = row["prompts_checked_seeds"], row["same_prompts_seeds"]
+        prompts = "not recorded" if not checked else f"{same} of {checked} seeds" + ("" if same == checked else " (!)")
+        at_budget = (row.get("budget") or {}).get("correlation_with_reference")
+        rows.append([v, prompts, _number(row["correlation_with_reference"]),
+                     _number(at_budget) if summary.get("mode") == "budget" else "-"])
+    if not rows:
+        return []
+    return _section(
+        f"Pairing with {ref}",
+        f"Whether each arm's run of a seed trained on the prompts of {ref}'s run of that seed, in the same order, over "
+        "the steps both took (`prompt_hashes` of their metrics.jsonl; '(!)' where a seed did not), and the "
+        f"correlation over seeds of its held-out accuracy with {ref}'s (Pearson's r; '-' with fewer than 3 seeds "
+        "or where one side did not vary). A paired interval is narrower than an unpaired one only where r is above "
+        "zero.",
+        ["variant", "same prompts", "r, final accuracy", "r, accuracy at the budget"], rows)
+
+
 def _flops_unit(summary: dict) -> str:
     """The convention of the comparison's FLOPs, by name (`d3s.app.budget.FLOPS_CONVENTIONS`)."""
     name = summary.get("flops_convention")
@@ -375,7 +398,7 @@ def render_markdown(summary: dict, command: str) -> str:
     budget = _budget(summary)
     lines += [*budget, ""] if budget else []
     lines += _accuracy(summary)
-    for section in (_cost, _cost_per_seed, _step_time, _generation, _runs):
+    for section in (_cost, _cost_per_seed, _step_time, _generation, _pairing, _runs):
         body = section(summary)
         if body:
             lines += ["", *body]

@@ -14,6 +14,8 @@
 - The share of steps with no signal (every group's rewards equal: a zero gradient for every variant), what
   generation bought (prompts skipped, flat groups generated, generation seconds per group with signal), the
   seconds per step and its timed parts, the code version of every run.
+- Whether each run is paired in fact with the reference run of its seed (`d3s.app.compare.pairing`): the same
+  prompts in the same order over the steps both took, and the correlation over seeds of their accuracies.
 - The convention the runs' FLOPs are in (`flops_convention`: one of `d3s.app.budget.FLOPS_CONVENTIONS`, or
   "mixed"); a FLOP share is given only between two runs of one convention.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from d3s.app.budget import flops_convention
 from d3s.app.compare.budget import budget_summary
+from d3s.app.compare.pairing import correlation, prompt_stream, same_prompts
 from d3s.app.compare.stats import minimum_detectable_difference, paired_tests
 from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.machine import all_quiet, one_machine, quiet, same_machine
@@ -206,6 +209,23 @@ def _against_reference(run: dict, ref: dict) -> dict | None:
             "same_machine": one, "quiet": calm}
 
 
+def _pairing(runs: dict[str, list[dict]], table: dict[str, dict], reference: str) -> None:
+    """Each run's `same_prompts_as_reference` (`d3s.app.compare.pairing`), and each variant's count of the seeds
+    checked and agreeing and the correlation over seeds of its final accuracy with the reference's."""
+    ref_streams = {r["seed"]: prompt_stream(r["records"]) for r in runs[reference]}
+    ref_final = {r["seed"]: r["summary"]["after"]["accuracy"] for r in runs[reference]}
+    for v, items in runs.items():
+        row = table[v]
+        for run, p in zip(items, row["per_seed"]):
+            p["same_prompts_as_reference"] = same_prompts(prompt_stream(run["records"]), ref_streams[run["seed"]])
+        verdicts = [p["same_prompts_as_reference"] for p in row["per_seed"]]
+        row["prompts_checked_seeds"] = sum(x is not None for x in verdicts)
+        row["same_prompts_seeds"] = sum(x is True for x in verdicts)
+        row["correlation_with_reference"] = (correlation([r["summary"]["after"]["accuracy"] for r in items],
+                                                         [ref_final[r["seed"]] for r in items]) if v != reference
+                                             else None)
+
+
 def summarize(root: Path, variants: list[str], seeds: list[int], reference: str | None = None,
               budget: bool = False) -> dict:
     """The summary of the finished runs `root/<variant>-seed<seed>/` (what `compare.json` holds); the reference
@@ -238,6 +258,7 @@ def summarize(root: Path, variants: list[str], seeds: list[int], reference: str 
         if v != reference:
             for p in row["per_seed"]:
                 p["to_target_vs_reference"] = _against_reference(p, ref_runs[p["seed"]])
+    _pairing(runs, table, reference)
     if budget:
         for v, row in budget_summary(runs, reference).items():
             table[v]["budget"] = row
