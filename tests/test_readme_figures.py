@@ -371,3 +371,69 @@ def test_a_winner_that_fell_below_its_start_does_not_ship(tmp_path):
     (run / "summary.json").write_text(json.dumps({"below_start": [{"step": 40}]}))
     text = figures.credit_verdict(tmp_path)
     assert "The recipes run tuned GRPO" in text and "fell below its own start in credit-flat/d1s-c-seed22" in text
+
+
+# --- the course of a run: docs/method.md's table of what the runs that fell below their start did ---------------
+
+def _run_course(run: Path, rates: list[float], norms: list[float], flat: list[int], clipped: list[float],
+                lengths: list[float], accuracies: list[float], below: bool) -> None:
+    run.mkdir(parents=True)
+    records = [{"type": "eval", "step": 0, "accuracy": accuracies[0]}]
+    for i, (rate, norm, f, c, n) in enumerate(zip(rates, norms, flat, clipped, lengths), 1):
+        records.append({"type": "train", "step": i, "learning_rate": rate, "grad_norm": norm, "d3s/no_signal_step": f,
+                        "completions/clipped_ratio": c, "completions/mean_length": n})
+    records += [{"type": "eval", "step": len(rates), "accuracy": a} for a in accuracies[1:]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "run_config.json").write_text(json.dumps({"trainer": {"max_grad_norm": 1.0, "learning_rate": rates[0]}}))
+    (run / "summary.json").write_text(json.dumps({"below_start": [{"step": len(rates)}] if below else []}))
+
+
+def test_the_course_table_sums_the_rate_and_counts_clipped_and_signal_free_steps(tmp_path):
+    ten = [1e-5] * 10
+    _run_course(tmp_path / "a", ten, [2.0] * 5 + [0.5] * 5, [0] * 8 + [1] * 2, [0.2] * 5 + [0.0] * 5,
+                [30.0] * 5 + [10.0] * 5, [0.4, 0.5, 0.6], below=False)
+    rising = [4e-5] * 6  # a larger rate, fewer steps: 2.4x the first run's summed rate
+    _run_course(tmp_path / "b", rising, [3.0, 0.0, 3.0, 0.0, 3.0, 3.0], [0, 1, 0, 1, 0, 0], [0.1] * 6,
+                [20.0] * 6, [0.4, 0.1, 0.05], below=True)
+    table = figures.dynamics_table([("A, 1x", [tmp_path / "a"]), ("B, 4x", [tmp_path / "b"])], unit=1e-4)
+    rows = table.splitlines()[2:]
+    # a: 10 steps, summed rate 1e-4 (1.0x), half the steps clipped, 2 of 10 without signal, truncation 20% -> 0%
+    assert rows[0] == "| A, 1x | 10 | 1.0x | 50.0% | 20.0% | 20.0% -> 0.0% | 30 -> 10 | 60.0% | 40.0% | 0 of 1 |"
+    # b: the last five steps overlap its first five; 4 of 6 norms above 1.0
+    assert rows[1] == "| B, 4x | 6 | 2.4x | 66.7% | 33.3% | 10.0% -> 10.0% | 20 -> 20 | 5.0% | 5.0% | 1 of 1 |"
+
+
+def test_the_tuning_table_waits_for_the_choice_of_rates(tmp_path):
+    tuning = tmp_path / figures.RESULTS / "credit-tuning"
+    for folder, arm in (("credit-tuning-grpo", "grpo"), ("credit-tuning", "d1s-c")):
+        for multiple in (1, 4):
+            rate = 3e-5 * multiple
+            name = arm if multiple == 1 else f"{arm}+learning_rate={rate!r}"
+            steps = 4 if arm == "grpo" else 8
+            _run_course(tmp_path / figures.RESULTS / folder / f"{name}-seed1", [rate] * steps, [2.0] * steps,
+                        [0] * steps, [0.1] * steps, [20.0] * steps, [0.4, 0.5 if multiple == 1 else 0.1],
+                        below=multiple == 4)
+    assert "not all in yet" in figures.collapse_tuning(tmp_path)
+    (tuning / "choice.json").write_text("{}")
+    rows = figures.collapse_tuning(tmp_path).splitlines()[2:6]
+    assert [r.split(" | ")[0] for r in rows] == ["| GRPO, 1x", "| GRPO, 4x", "| D1S-C, 1x", "| D1S-C, 4x"]
+    assert [r.split(" | ")[2] for r in rows] == ["1.0x", "4.0x", "2.0x", "8.0x"]  # in GRPO 1x's summed rate
+
+
+def test_the_flat_start_table_waits_for_every_run_then_names_each_arm(tmp_path):
+    folder = tmp_path / figures.RESULTS / "credit-flat"
+    variants = ["grpo", "d1s-c", "d1s-c+skip_steps_without_signal=false"]
+    for i, v in enumerate(variants):
+        for s in (21, 22, 23):
+            if (v, s) != (variants[2], 23):
+                _run_course(folder / f"{v}-seed{s}", [1e-5] * 5 * (i + 1), [2.0] * 5 * (i + 1), [0] * 5 * (i + 1),
+                            [0.1] * 5 * (i + 1), [20.0] * 5 * (i + 1), [0.1, 0.2 - 0.1 * i], below=i == 2)
+    (folder / "compare.json").write_text(json.dumps({"reference": "grpo", "seeds": [21, 22, 23],
+                                                     "variants": {v: {} for v in variants}}))
+    assert "not all in yet" in figures.collapse_flat(tmp_path)
+    _run_course(folder / f"{variants[2]}-seed23", [1e-5] * 15, [2.0] * 15, [1] * 15, [0.1] * 15, [20.0] * 15,
+                [0.1, 0.0], below=True)
+    rows = figures.collapse_flat(tmp_path).splitlines()[2:5]
+    assert rows[0].startswith("| GRPO (the reference) | 5 / 5 / 5 | 1.0x |") and rows[0].endswith("| 0 of 3 |")
+    assert rows[1].startswith("| D1S-C as the recipes ship it | 10 / 10 / 10 | 2.0x |")
+    assert rows[2].startswith("| D1S-C without the step skip | 15 / 15 / 15 | 3.0x |") and rows[2].endswith("| 3 of 3 |")

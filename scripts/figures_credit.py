@@ -1,0 +1,232 @@
+"""The figures of the controls (`benchmarks/credit.sh`): the rule of `benchmarks/results/credit-rule.md` applied to
+their races, and the course of the runs that fell below their start (`scripts/readme_figures.py`)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from d3s.app.compare.stats import shown, sign_flip_p_value
+from d3s.app.compare.summary import run_dir
+from d3s.app.intervals import mean_interval
+from d3s.app.runfiles import read_run_records
+from figures_common import RESULTS, _compare, _link, arm_tests, pct
+from figures_race import race_has_data
+
+# --- the controls' race (benchmarks/credit.sh; its rule: benchmarks/results/credit-rule.md) --------------------
+
+CREDIT_RACES = {"credit-race-default": ("the default task", 8, 5), "credit-race-arith2digit": ("arith-2digit", 6, 4)}
+"""Each race of the controls: its task, its seeds and its arms when finished."""
+CREDIT_ROLES = {"grpo": "tuned GRPO", "d1s-c": "D1S-C", "random": "random selection",
+                "small-g": "GRPO generating only what D1S-C trains on", "floor": "D3S + floor"}
+
+
+def credit_roles(c: dict) -> dict[str, str]:
+    """`{role: variant}` of a controls' race compare.json, the arms named as `benchmarks/credit.sh` names them."""
+    roles = {}
+    for v in c["variants"]:
+        if v == c["reference"]:
+            roles["grpo"] = v
+        elif "sample_selection=random" in v:
+            roles["random"] = v
+        elif v.startswith("grpo+num_generations="):
+            roles["small-g"] = v
+        elif v.startswith("d1s-c"):
+            roles["d1s-c"] = v
+        elif v.startswith("d3s"):
+            roles["floor"] = v
+    return roles
+
+
+def credit_finished(root: Path) -> bool:
+    """Whether both races of the controls hold every arm of every seed."""
+    for folder, (_, seeds, arms) in CREDIT_RACES.items():
+        if not race_has_data(root, folder):
+            return False
+        c = _compare(root, folder)
+        if len(c["seeds"]) < seeds or len(c["variants"]) < arms:
+            return False
+    return True
+
+
+def _word(ci: list[float] | None, p: float | None) -> str:
+    """'above', 'below' or 'not shown' (`d3s.app.compare.stats.shown`)."""
+    if ci is None or not shown(ci, p):
+        return "not shown"
+    return "above" if ci[0] > 0 else "below"
+
+
+def credit_against(c: dict, a: str, b: str) -> str:
+    """Arm `a` against arm `b` of one race, paired by seed at the budget, one comparison (uncorrected p)."""
+    per_a, per_b = c["variants"][a]["budget"]["per_seed"], c["variants"][b]["budget"]["per_seed"]
+    diffs = [per_a[s]["accuracy_at_budget"] - per_b[s]["accuracy_at_budget"] for s in per_a if s in per_b]
+    return _word(mean_interval(diffs), sign_flip_p_value(diffs))
+
+
+def credit_summary(words: list[str]) -> str:
+    """One verdict over the tasks: 'beat' (above on one, below on none), 'lost to', or 'was not shown to differ from'."""
+    if "above" in words and "below" not in words:
+        return "beat"
+    if "below" in words and "above" not in words:
+        return "lost to"
+    return "was not shown to differ from"
+
+
+def credit_below_start(root: Path, variant_prefix: str) -> list[str]:
+    """The runs of an arm (folders starting with `variant_prefix`, random-selection runs aside) on arith-2digit and the
+    flat-start task whose held-out accuracy fell below their own start."""
+    found = []
+    for folder in ("credit-race-arith2digit", "credit-flat"):
+        for summary in sorted((root / RESULTS / folder).glob(f"{variant_prefix}*-seed*/summary.json")):
+            if "sample_selection" in summary.parent.name or "skip_steps_without_signal=false" in summary.parent.name:
+                continue
+            if json.loads(summary.read_text()).get("below_start"):
+                found.append(f"{folder}/{summary.parent.name}")
+    return found
+
+
+def credit_outcome(root: Path) -> dict:
+    """The rule of benchmarks/results/credit-rule.md applied to the controls' races (both finished)."""
+    vs_grpo: dict[str, list[str]] = {}
+    selection, fewer = [], []
+    for folder in CREDIT_RACES:
+        c = _compare(root, folder)
+        roles, tests = credit_roles(c), arm_tests(c, "budget")
+        for role, v in roles.items():
+            if role != "grpo":
+                b = c["variants"][v]["budget"]
+                vs_grpo.setdefault(role, []).append(_word(b["diff_at_budget_ci"], tests[v]["p_value_holm"]))
+        selection.append(credit_against(c, roles["d1s-c"], roles["random"]))
+        fewer.append(credit_against(c, roles["d1s-c"], roles["small-g"]))
+    beats = {role: credit_summary(words) == "beat" for role, words in vs_grpo.items()}
+    collapsed = credit_below_start(root, "d1s-c")
+    ships = "d1s-c" if beats.get("d1s-c") and not collapsed else "grpo"
+    return {"beats": beats, "selection": credit_summary(selection), "fewer": credit_summary(fewer), "ships": ships,
+            "collapsed": collapsed, "d1s_c_beats": beats.get("d1s-c", False)}
+
+
+def credit_verdict(root: Path, prefix: str = "") -> str:
+    """The README's first word on what buys D1S-C's gain: the rule's outcome once the controls' races are in, what is
+    running until then."""
+    rule = f"[the rule fixed before they ran]({prefix}{RESULTS}/credit-rule.md)"
+    if not credit_finished(root):
+        return ("What buys D1S-C's gain is being tested: random selection of as many rollouts, GRPO generating only "
+                "what D1S-C trains on, and every arm at its own tuned learning rate, at tuned GRPO's compute "
+                f"(`bash benchmarks/credit.sh`, {rule}). Until they are in, the recipes' choice of D1S-C is "
+                "provisional.")
+    o = credit_outcome(root)
+    winners = [CREDIT_ROLES[r] for r, won in o["beats"].items() if won]
+    first = ("At tuned GRPO's compute, with every arm at its own tuned learning rate, "
+             + (f"{' and '.join(winners)} beat tuned GRPO" if winners else "no arm beat tuned GRPO") + ". ")
+    second = f"Max-variance selection {o['selection']} random selection of as many rollouts. "
+    if o["ships"] == "d1s-c":
+        third = f"So the recipes run D1S-C at its tuned rate ({rule})."
+    elif o["d1s_c_beats"]:
+        third = (f"The recipes run tuned GRPO ({rule}): D1S-C beat it but fell below its own start in "
+                 + ", ".join(o["collapsed"]) + ".")
+    else:
+        third = f"So the recipes run tuned GRPO ({rule})."
+    return first + second + third
+
+
+def _run_dynamics(run: Path) -> dict:
+    """What a run's train records say about its course: steps, summed learning rate, the share of steps whose
+    gradient was clipped or had no signal, truncation and completion length over its first and last 5 steps, and
+    its held-out accuracy at the start, at its lowest and at the end."""
+    records = read_run_records(run / "metrics.jsonl")
+    train = [r for r in records if r.get("type") == "train"]
+    evals = [r["accuracy"] for r in records if r.get("type") == "eval"]
+    max_norm = json.loads((run / "run_config.json").read_text())["trainer"]["max_grad_norm"]
+
+    def mean(key: str, rows: list[dict]) -> float:
+        return statistics.fmean(r[key] for r in rows)
+
+    return {"steps": len(train), "summed_rate": sum(r["learning_rate"] for r in train),
+            "clipped": statistics.fmean(r["grad_norm"] > max_norm for r in train),
+            "no_signal": mean("d3s/no_signal_step", train),
+            "truncated": (mean("completions/clipped_ratio", train[:5]), mean("completions/clipped_ratio", train[-5:])),
+            "length": (mean("completions/mean_length", train[:5]), mean("completions/mean_length", train[-5:])),
+            "start": evals[0], "lowest": min(evals), "final": evals[-1],
+            "below_start": bool(json.loads((run / "summary.json").read_text()).get("below_start"))}
+
+
+def dynamics_table(groups: list[tuple[str, list[Path]]], unit: float) -> str:
+    """One row per group of runs (a label and its seeds' run folders): how each moved, the summed learning rate in
+    `unit`s (the summed rate of the recipe's GRPO run)."""
+    rows = []
+    for label, runs in groups:
+        d = [_run_dynamics(r) for r in runs]
+        first_last = lambda key, fmt: (f"{fmt(statistics.fmean(x[key][0] for x in d))} -> "
+                                       f"{fmt(statistics.fmean(x[key][1] for x in d))}")
+        rows.append(
+            f"| {label} | {' / '.join(str(x['steps']) for x in d)} | "
+            f"{statistics.fmean(x['summed_rate'] for x in d) / unit:.1f}x | "
+            f"{pct(statistics.fmean(x['clipped'] for x in d))} | {pct(statistics.fmean(x['no_signal'] for x in d))} | "
+            f"{first_last('truncated', pct)} | {first_last('length', lambda v: f'{v:.0f}')} | "
+            f"{' / '.join(pct(x['final']) for x in d)} | {' / '.join(pct(x['lowest']) for x in d)} | "
+            f"{sum(x['below_start'] for x in d)} of {len(d)} |")
+    return "\n".join([
+        "| arm, rate | steps (per seed) | summed rate | steps clipped | steps without signal | truncated "
+        "(first 5 -> last 5 steps) | completion tokens (first 5 -> last 5) | held-out final | held-out lowest "
+        "| fell below start |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows])
+
+
+TUNING_RATES = {"1x": 1.0, "2x": 2.0, "4x": 4.0}
+
+
+def collapse_tuning(root: Path, prefix: str = "") -> str:
+    """docs/method.md's table of the tuning runs' course (seeds 1-3 of `benchmarks/credit.sh tuning`, which chose the
+    learning rates and are not results): which runs fell below their start, against their summed learning rate,
+    their clipped and signal-free steps, and their completions' truncation and length."""
+    if not (root / RESULTS / "credit-tuning" / "choice.json").is_file():
+        return ("The tuning runs (`bash benchmarks/credit.sh tuning`) are not all in yet; this table is filled from them "
+                "once they are and the rates are chosen (`credit-tuning/choice.json`).")
+    base = {}
+    groups = []
+    for folder, arm, label in (("credit-tuning-grpo", "grpo", "GRPO"), ("credit-tuning", "d1s-c", "D1S-C")):
+        runs = sorted((root / RESULTS / folder).glob(f"{arm}*-seed*/summary.json"))
+        by_rate: dict[float, list[Path]] = {}
+        for summary in runs:
+            config = json.loads((summary.parent / "run_config.json").read_text())
+            by_rate.setdefault(config["trainer"]["learning_rate"], []).append(summary.parent)
+        base.setdefault("rate", min(by_rate))
+        for rate, folders in sorted(by_rate.items()):
+            groups.append((f"{label}, {rate / base['rate']:g}x", sorted(folders, key=lambda p: p.name)))
+    grpo = groups[0][1]
+    unit = statistics.fmean(_run_dynamics(r)["summed_rate"] for r in grpo)
+    seeds = sorted({int(p.name.rsplit("-seed", 1)[1]) for _, runs in groups for p in runs})
+    return (dynamics_table(groups, unit) + "\n\n"
+            f"Tuning runs of the default task (seeds {', '.join(map(str, seeds))}; they chose the learning rates and "
+            f"are not results), 1x = the recipe's {base['rate']:g}. Every run skipped its optimizer steps without "
+            "signal. Summed rate: the learning rate summed over the run's steps, in units of GRPO's 20 steps at 1x. "
+            "Steps clipped: gradient norm above `max_grad_norm`. Held-out accuracy per seed; every run started at "
+            f"{pct(_run_dynamics(grpo[0])['start'])}. Source: {_link('credit-tuning-grpo', prefix)}, "
+            f"{_link('credit-tuning', prefix)}.")
+
+
+FLAT_RUNS = 9
+"""The flat-start campaign when finished: 3 seeds of GRPO, D1S-C and D1S-C without the recipes' step skip."""
+
+
+def collapse_flat(root: Path, prefix: str = "") -> str:
+    """docs/method.md's table of the flat-start task's runs (`benchmarks/credit.sh flat`): the shipped setting against
+    GRPO at its compute and without skipping the steps without signal, how each moved; a sentence until all are in."""
+    folder = root / RESULTS / "credit-flat"
+    runs = sorted(p.parent for p in folder.glob("*-seed*/summary.json"))
+    if len(runs) < FLAT_RUNS:
+        return ("The flat-start runs (`bash benchmarks/credit.sh flat`: 3 seeds of GRPO, of D1S-C as the recipes ship "
+                "it and of D1S-C without the step skip, at GRPO's compute) are not all in yet; this table is filled "
+                "from them when they are.")
+    c = json.loads((folder / "compare.json").read_text())
+    label = {c["reference"]: "GRPO (the reference)"}
+    groups = []
+    for v in c["variants"]:
+        name = label.get(v) or ("D1S-C without the step skip" if "skip_steps_without_signal=false" in v
+                                else "D1S-C as the recipes ship it")
+        groups.append((name, [run_dir(folder, v, s) for s in c["seeds"]]))
+    unit = statistics.fmean(_run_dynamics(r)["summed_rate"] for r in groups[0][1])
+    return (dynamics_table(groups, unit) + "\n\n"
+            f"The flat-start task (3 terms of 1 digit), seeds {', '.join(map(str, c['seeds']))}, every arm at GRPO's "
+            "compute. Summed rate in units of the GRPO runs'. Source: " + _link("credit-flat", prefix) + ".")
