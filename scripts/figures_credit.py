@@ -11,8 +11,8 @@ from d3s.app.compare.stats import shown, sign_flip_p_value
 from d3s.app.compare.summary import run_dir
 from d3s.app.intervals import mean_interval
 from d3s.app.runfiles import read_run_records
-from figures_common import RESULTS, _compare, _link, arm_tests, pct
-from figures_race import race_has_data
+from figures_common import RESULTS, _compare, _link, arm_tests, paired, paired_between, pct, to_reference
+from figures_race import _interval, race_has_data
 
 # --- the controls' race (benchmarks/credit.sh; its rule: benchmarks/results/credit-rule.md) --------------------
 
@@ -39,15 +39,94 @@ def credit_roles(c: dict) -> dict[str, str]:
     return roles
 
 
+CREDIT_STAGES = {"credit-race-default": "race", "credit-race-arith2digit": "arith2digit"}
+STEPS_FOLDER, STEPS_SEEDS = "credit-steps-default", 8
+
+
+def credit_race_finished(root: Path, folder: str) -> bool:
+    """Whether one race of the controls holds every arm of every seed."""
+    _, seeds, arms = CREDIT_RACES[folder]
+    if not race_has_data(root, folder):
+        return False
+    c = _compare(root, folder)
+    return len(c["seeds"]) >= seeds and len(c["variants"]) >= arms
+
+
 def credit_finished(root: Path) -> bool:
     """Whether both races of the controls hold every arm of every seed."""
-    for folder, (_, seeds, arms) in CREDIT_RACES.items():
-        if not race_has_data(root, folder):
-            return False
-        c = _compare(root, folder)
-        if len(c["seeds"]) < seeds or len(c["variants"]) < arms:
-            return False
-    return True
+    return all(credit_race_finished(root, folder) for folder in CREDIT_RACES)
+
+
+def _at_budget(c: dict, v: str) -> list[float]:
+    """An arm's accuracy at the budget, seed by seed in the order of `c["seeds"]`."""
+    per = c["variants"][v]["budget"]["per_seed"]
+    return [per[str(s)]["accuracy_at_budget"] for s in c["seeds"]]
+
+
+def _prompts(row: dict) -> str:
+    if not row.get("prompts_checked_seeds"):
+        return "-"
+    return f"{row['same_prompts_seeds']} of {row['prompts_checked_seeds']}"
+
+
+def credit_table(root: Path, folder: str, prefix: str = "") -> str:
+    """One race of the controls: every arm at tuned GRPO's compute against it (Holm over the arms), then D1S-C
+    against its two controls, each one comparison (the rule's tests 2 and 3)."""
+    task, n, arms = CREDIT_RACES[folder]
+    if not credit_race_finished(root, folder):
+        return (f"Not in yet: {task}, {n} seeds x {arms} arms (`bash benchmarks/credit.sh {CREDIT_STAGES[folder]}`); "
+                "this table is filled from them when every run is.")
+    c = _compare(root, folder)
+    roles, tests = credit_roles(c), arm_tests(c, "budget")
+    lines = ["| arm | run setting | held-out acc at tuned GRPO's compute [95% CI] | vs tuned GRPO, paired [95% CI] "
+             "| sign-flip p (Holm) | mean without one seed | steps (mean) | same prompts as GRPO |",
+             "|---|---|---|---|---|---|---|---|"]
+    for role, label in CREDIT_ROLES.items():
+        if role not in roles:
+            continue
+        v = roles[role]
+        r, b = c["variants"][v], c["variants"][v]["budget"]
+        accs = _at_budget(c, v)
+        head = (f"| {label} | `{v}` | {pct(statistics.mean(accs))} "
+                f"{_interval(mean_interval(accs, bounds=(0.0, 1.0)))} | ")
+        steps = f"{statistics.mean(p['steps'] for p in r['per_seed']):.0f}"
+        if role == "grpo":
+            lines.append(head + f"- | - | - | {steps} | - |")
+            continue
+        t = tests[v]
+        loo = b.get("leave_one_out")
+        loo_text = "-" if loo is None else f"{100 * loo[0]:+.1f} to {100 * loo[1]:+.1f}"
+        lines.append(head + f"{paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'], t['p_value_holm'])} | "
+                     f"{t['p_value']:.3g} ({t['p_value_holm']:.3g}) | {loo_text} | {steps} | {_prompts(r)} |")
+    d1s_c = _at_budget(c, roles["d1s-c"])
+    lines += ["",
+              f"D1S-C against random selection of as many rollouts (the same N and rate), paired, one comparison: "
+              f"{paired_between(d1s_c, _at_budget(c, roles['random']))}. D1S-C against GRPO generating only what "
+              f"D1S-C trains on: {paired_between(d1s_c, _at_budget(c, roles['small-g']))}.",
+              "",
+              f"Seeds {', '.join(map(str, c['seeds']))}; every arm trained on the FLOPs of the same seed's tuned GRPO "
+              f"run. Source: {_link(folder, prefix)} (`compare.json`, `compare.md`)."]
+    return "\n".join(lines)
+
+
+def credit_steps(root: Path, prefix: str = "") -> str:
+    """The equal-steps control: D1S-C and random selection for tuned GRPO's 20 steps, final accuracy paired."""
+    folder = root / RESULTS / STEPS_FOLDER
+    if not (folder / "compare.json").is_file() or len(_compare(root, STEPS_FOLDER)["seeds"]) < STEPS_SEEDS:
+        return (f"Not in yet: {STEPS_SEEDS} seeds (`bash benchmarks/credit.sh steps`); this table is filled from them "
+                "when every run is.")
+    c = _compare(root, STEPS_FOLDER)
+    roles = credit_roles(c)
+    lines = ["| arm | run setting | final held-out acc [95% CI] | vs tuned GRPO, paired [95% CI] |", "|---|---|---|---|"]
+    for role in ("grpo", "d1s-c", "random"):
+        v = roles[role]
+        r = c["variants"][v]
+        lines.append(f"| {CREDIT_ROLES[role]} | `{v}` | {pct(r['final_accuracy_mean'])} {_interval(r['seed_ci95'])} | "
+                     + ("-" if role == "grpo" else to_reference(c, v)) + " |")
+    per = {role: c["variants"][roles[role]]["final_accuracy_per_seed"] for role in ("d1s-c", "random")}
+    lines += ["", f"D1S-C against random selection, paired, one comparison: {paired_between(per['d1s-c'], per['random'])}."
+              f" Seeds {', '.join(map(str, c['seeds']))}, every arm 20 steps. Source: {_link(STEPS_FOLDER, prefix)}."]
+    return "\n".join(lines)
 
 
 def _word(ci: list[float] | None, p: float | None) -> str:

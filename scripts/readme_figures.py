@@ -79,6 +79,9 @@ FIGURES = {
     "trl-matrix": trl_matrix,
     "collapse-tuning": collapse_tuning,
     "collapse-flat": collapse_flat,
+    "credit-race-default": lambda root, prefix="": credit_table(root, "credit-race-default", prefix),
+    "credit-race-arith2digit": lambda root, prefix="": credit_table(root, "credit-race-arith2digit", prefix),
+    "credit-steps": credit_steps,
 }
 
 

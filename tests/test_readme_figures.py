@@ -311,8 +311,10 @@ def _credit_race(root: Path, folder: str, accuracies: dict[str, list[float]]) ->
     for v, accs in accuracies.items():
         budget = {"per_seed": {str(s): {"accuracy_at_budget": a} for s, a in zip(seeds, accs)}}
         if v != ref:
-            budget.update(diff_at_budget_ci=list(mean_interval(diffs[v])), **tests[v])
-        variants[v] = {"budget": budget}
+            budget.update(diff_at_budget_mean=sum(diffs[v]) / len(diffs[v]), diff_at_budget_ci=list(mean_interval(diffs[v])),
+                          **tests[v])
+        variants[v] = {"budget": budget, "per_seed": [{"seed": s, "steps": 20 if v == ref else 60} for s in seeds],
+                       "prompts_checked_seeds": len(seeds), "same_prompts_seeds": len(seeds)}
     out = root / figures.RESULTS / folder
     out.mkdir(parents=True)
     (out / "compare.json").write_text(json.dumps({"mode": "budget", "reference": ref, "seeds": seeds,
@@ -437,3 +439,22 @@ def test_the_flat_start_table_waits_for_every_run_then_names_each_arm(tmp_path):
     assert rows[0].startswith("| GRPO (the reference) | 5 / 5 / 5 | 1.0x |") and rows[0].endswith("| 0 of 3 |")
     assert rows[1].startswith("| D1S-C as the recipes ship it | 10 / 10 / 10 | 2.0x |")
     assert rows[2].startswith("| D1S-C without the step skip | 15 / 15 / 15 | 3.0x |") and rows[2].endswith("| 3 of 3 |")
+
+
+def test_a_controls_table_waits_for_its_race_then_tests_d1s_c_against_each_control(tmp_path):
+    assert "Not in yet: the default task, 8 seeds x 5 arms" in figures.credit_table(tmp_path, "credit-race-default")
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
+    table = figures.credit_table(tmp_path, "credit-race-default")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    c = json.loads((tmp_path / figures.RESULTS / "credit-race-default" / "compare.json").read_text())
+    b = c["variants"][D1SC]["budget"]
+    assert figures.paired(b["diff_at_budget_mean"], b["diff_at_budget_ci"], b["p_value_holm"]) in rows["D1S-C"]
+    assert rows["D1S-C"].endswith("| 60 | 8 of 8 |") and rows["tuned GRPO"].endswith("| - | - | - | 20 | - |")
+    assert set(rows) >= {"tuned GRPO", "D1S-C", "random selection", "D3S + floor",
+                         "GRPO generating only what D1S-C trains on"}
+    accs = {v: [c["variants"][v]["budget"]["per_seed"][str(s)]["accuracy_at_budget"] for s in c["seeds"]]
+            for v in (D1SC, RANDOM, SMALL)}
+    assert (f"D1S-C against random selection of as many rollouts (the same N and rate), paired, one comparison: "
+            f"{figures.paired_between(accs[D1SC], accs[RANDOM])}.") in table
+    assert f"trains on: {figures.paired_between(accs[D1SC], accs[SMALL])}." in table
+    assert ", not shown" not in figures.paired_between(accs[D1SC], accs[RANDOM])  # a 10-point gain over 8 seeds
