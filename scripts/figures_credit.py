@@ -53,8 +53,10 @@ def credit_race_finished(root: Path, folder: str) -> bool:
 
 
 def credit_finished(root: Path) -> bool:
-    """Whether both races of the controls hold every arm of every seed."""
-    return all(credit_race_finished(root, folder) for folder in CREDIT_RACES)
+    """Whether both races of the controls hold every arm of every seed, and the flat-start task every run (the rule
+    reads both)."""
+    flat = len(list((root / RESULTS / "credit-flat").glob("*-seed*/summary.json")))
+    return all(credit_race_finished(root, folder) for folder in CREDIT_RACES) and flat >= FLAT_RUNS
 
 
 def _at_budget(c: dict, v: str) -> list[float]:
@@ -152,13 +154,17 @@ def credit_summary(words: list[str]) -> str:
     return "was not shown to differ from"
 
 
+CONTROL_SETTINGS = ("sample_selection", "skip_steps_without_signal=false", "num_generations")
+"""What names a control's run rather than an arm as the recipes would ship it."""
+
+
 def credit_below_start(root: Path, variant_prefix: str) -> list[str]:
-    """The runs of an arm (folders starting with `variant_prefix`, random-selection runs aside) on arith-2digit and the
+    """The runs of an arm (folders starting with `variant_prefix`, the controls' runs aside) on arith-2digit and the
     flat-start task whose held-out accuracy fell below their own start."""
     found = []
     for folder in ("credit-race-arith2digit", "credit-flat"):
         for summary in sorted((root / RESULTS / folder).glob(f"{variant_prefix}*-seed*/summary.json")):
-            if "sample_selection" in summary.parent.name or "skip_steps_without_signal=false" in summary.parent.name:
+            if any(setting in summary.parent.name for setting in CONTROL_SETTINGS):
                 continue
             if json.loads(summary.read_text()).get("below_start"):
                 found.append(f"{folder}/{summary.parent.name}")
@@ -182,7 +188,18 @@ def credit_outcome(root: Path) -> dict:
     collapsed = credit_below_start(root, "d1s-c")
     ships = "d1s-c" if beats.get("d1s-c") and not collapsed else "grpo"
     return {"beats": beats, "selection": credit_summary(selection), "fewer": credit_summary(fewer), "ships": ships,
-            "collapsed": collapsed, "d1s_c_beats": beats.get("d1s-c", False)}
+            "collapsed": collapsed, "d1s_c_beats": beats.get("d1s-c", False),
+            "grpo_collapsed": credit_below_start(root, "grpo")}
+
+
+def credit_shipped_setting(root: Path) -> dict | None:
+    """What the recipes run by the rule, once the controls are in: `{"variant", "learning_rate"}` (the arm's tuned
+    rate, `credit-tuning/choice.json`); None until then."""
+    if not credit_finished(root):
+        return None
+    arm = credit_outcome(root)["ships"]
+    choice = json.loads((root / RESULTS / "credit-tuning" / "choice.json").read_text())
+    return {"variant": arm, "learning_rate": choice[arm]["learning_rate"]}
 
 
 def credit_verdict(root: Path, prefix: str = "") -> str:
@@ -206,6 +223,8 @@ def credit_verdict(root: Path, prefix: str = "") -> str:
                  + ", ".join(o["collapsed"]) + ".")
     else:
         third = f"So the recipes run tuned GRPO ({rule})."
+    if o["ships"] == "grpo" and o["grpo_collapsed"]:
+        third += " Tuned GRPO too fell below its own start in " + ", ".join(o["grpo_collapsed"]) + "."
     return first + second + third
 
 

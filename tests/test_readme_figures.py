@@ -288,12 +288,19 @@ def test_the_decision_waits_for_every_seed(tmp_path):
     assert "decided when the 6 seeds are in" in figures.race_decision(root)
 
 
-def test_the_default_recipe_runs_the_variant_the_rule_decided():
-    recipe = yaml.safe_load((ROOT / "recipes" / "default.yaml").read_text())
-    decided = figures.race_decision_variant(ROOT)
-    assert decided is not None  # the campaign it was decided on is finished
-    assert recipe["variant"] == decided
-    assert recipe["min_tokens_per_rollout"] == 4  # `--variant d3s` on it is the floor the race ran
+def test_the_task_recipes_run_the_setting_the_latest_rule_decided():
+    default, arith = (yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())
+                      for name in ("default", "arith-2digit"))
+    assert default["min_tokens_per_rollout"] == 4  # `--variant d3s` on it is the floor the races ran
+    shipped = figures.credit_shipped_setting(ROOT)
+    if shipped is None:  # the controls are not all in: the first race's rule holds, arith-2digit keeps its D3S
+        decided = figures.race_decision_variant(ROOT)
+        assert decided is not None  # the campaign it was decided on is finished
+        assert default["variant"] == decided and arith["variant"] == "d3s"
+        assert default["learning_rate"] == arith["learning_rate"] == 3e-5
+        return
+    for recipe in (default, arith):  # the controls' rule (benchmarks/results/credit-rule.md): both task recipes
+        assert (recipe["variant"], recipe["learning_rate"]) == (shipped["variant"], shipped["learning_rate"])
 
 
 # --- the controls' race: the rule of benchmarks/results/credit-rule.md, applied to made-up races ---------------
@@ -327,6 +334,12 @@ NOISE = [0.01, -0.01, 0.02, 0.0, -0.02, 0.01, 0.0, -0.01]
 
 
 def _credit_races(root: Path, d1s_c_gain: float, random_gain: float) -> None:
+    """Both races, and the flat-start task's 9 runs, none below its start."""
+    for v in (GRPO, D1SC, "d1s-c+skip_steps_without_signal=false"):
+        for seed in (21, 22, 23):
+            run = root / figures.RESULTS / "credit-flat" / f"{v}-seed{seed}"
+            run.mkdir(parents=True)
+            (run / "summary.json").write_text(json.dumps({"below_start": []}))
     base = [0.6 + n for n in NOISE]
     _credit_race(root, "credit-race-default", {
         GRPO: base, D1SC: [b + d1s_c_gain + n / 2 for b, n in zip(base, NOISE[::-1])],
@@ -369,7 +382,6 @@ def test_no_arm_above_tuned_grpo_ships_grpo_and_says_so_first(tmp_path):
 def test_a_winner_that_fell_below_its_start_does_not_ship(tmp_path):
     _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
     run = tmp_path / figures.RESULTS / "credit-flat" / "d1s-c-seed22"
-    run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"below_start": [{"step": 40}]}))
     text = figures.credit_verdict(tmp_path)
     assert "The recipes run tuned GRPO" in text and "fell below its own start in credit-flat/d1s-c-seed22" in text
@@ -458,3 +470,29 @@ def test_a_controls_table_waits_for_its_race_then_tests_d1s_c_against_each_contr
             f"{figures.paired_between(accs[D1SC], accs[RANDOM])}.") in table
     assert f"trains on: {figures.paired_between(accs[D1SC], accs[SMALL])}." in table
     assert ", not shown" not in figures.paired_between(accs[D1SC], accs[RANDOM])  # a 10-point gain over 8 seeds
+
+
+def test_the_verdict_waits_for_the_flat_start_runs_the_rule_reads(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
+    (tmp_path / figures.RESULTS / "credit-flat" / "d1s-c-seed23" / "summary.json").unlink()
+    assert "is being tested" in figures.credit_verdict(tmp_path)
+    assert figures.credit_shipped_setting(tmp_path) is None
+
+
+def test_the_shipped_setting_is_the_winner_at_its_tuned_rate_and_a_falling_grpo_is_said(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
+    choice = {"grpo": {"learning_rate": 6e-05}, "d1s-c": {"learning_rate": 3e-05}}
+    (tmp_path / figures.RESULTS / "credit-tuning").mkdir(parents=True)
+    (tmp_path / figures.RESULTS / "credit-tuning" / "choice.json").write_text(json.dumps(choice))
+    assert figures.credit_shipped_setting(tmp_path) == {"variant": "d1s-c", "learning_rate": 3e-05}
+    flat = tmp_path / figures.RESULTS / "credit-flat"
+    (flat / "d1s-c-seed21" / "summary.json").write_text(json.dumps({"below_start": [{"step": 30}]}))
+    (flat / f"{GRPO}-seed22" / "summary.json").write_text(json.dumps({"below_start": [{"step": 4}]}))
+    assert figures.credit_shipped_setting(tmp_path) == {"variant": "grpo", "learning_rate": 6e-05}
+    text = figures.credit_verdict(tmp_path)
+    assert text.endswith(f"Tuned GRPO too fell below its own start in credit-flat/{GRPO}-seed22.")
+    # a control's run that fell (small-G GRPO on arith-2digit) is not the shipped GRPO's
+    small = tmp_path / figures.RESULTS / "credit-race-arith2digit" / f"{SMALL}-seed21"
+    small.mkdir()
+    (small / "summary.json").write_text(json.dumps({"below_start": [{"step": 8}]}))
+    assert f"{SMALL}-seed21" not in figures.credit_verdict(tmp_path)
