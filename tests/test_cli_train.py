@@ -241,7 +241,9 @@ def test_what_a_recipe_adds_to_its_variant_is_named(argv, added):
 
 def test_the_start_line_and_run_config_name_the_recipes_additions(tmp_path, capsys):
     out = tmp_path / "run"
-    assert train(out, "--min_tokens_per_rollout", "2", "--max_steps", "1", "--eval_every", "1") == 0
-    assert "d3s train: d3s (+ command line: min_tokens_per_rollout=2) on arith with" in capsys.readouterr().err
+    assert train(out, "--min_tokens_per_rollout", "2", "--max_steps", "1", "--eval_every", "1",
+                 "--skip_steps_without_signal", "true") == 0
+    assert ("d3s train: d3s (+ command line: min_tokens_per_rollout=2) skipping optimizer steps without signal on "
+            "arith with") in capsys.readouterr().err
     recorded = json.loads((out / "run_config.json").read_text())["variant"]
     assert recorded == {"name": "d3s", "added": {"command line": {"min_tokens_per_rollout": 2}}}

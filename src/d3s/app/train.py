@@ -254,6 +254,8 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     trainer = _make_trainer(model, tokenizer, task, dataset, config, callback)
     count_compute(trainer, callback, model, run_log)
     variant = variant_label(config.variant, run_config["variant"]["added"])  # "d3s (+ recipe: ...)"
+    if config.skip_steps_without_signal:  # not TRL's behaviour, whatever the variant: say so
+        variant += " skipping optimizer steps without signal"
     _say(f"{variant} on {run.task} with {Path(model_path).name}, "
          f"{_length_text(run, config, prompts_per_step)}, "
          f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
