@@ -101,7 +101,15 @@ tuning() {
     compare_by_seed "$steps" $tuning_seeds "grpo,$(with_rate grpo "$(rate 2)"),$(with_rate grpo "$(rate 4)")"
 }
 
-choose() { .venv/bin/python benchmarks/credit_choice.py --results "$RESULTS"; }
+choose() {
+    .venv/bin/python benchmarks/credit_choice.py --results "$RESULTS"
+    if [ "$COMMIT" = 1 ]; then
+        local f
+        for f in "$RESULTS/credit-tuning/choice.json" "$RESULTS/credit-tuning/choice.md"; do
+            [ -z "$(git status --porcelain -- "$f")" ] || commit_path "$f" "credit, credit-tuning: $(basename "$f")"
+        done
+    fi
+}
 
 tuned() {  # arm: its tuned learning rate, from choice.json
     .venv/bin/python -c "import json, sys; print(repr(json.load(open(sys.argv[1]))[sys.argv[2]]['learning_rate']))" \
