@@ -30,7 +30,7 @@ APP_LAYERS = {
                    "d3s.app.evaluation.heldout", "d3s.app.evaluation.cache"],
     "jobs": ["d3s.app.evaluation.runner", "d3s.app.evaluation", "d3s.app.run_trainer", "d3s.app.resume",
              "d3s.app.train", "d3s.app.compare.summary",
-             "d3s.app.compare.markdown", "d3s.app.compare.stats", "d3s.app.compare.budget", "d3s.app.compare.command", "d3s.app.compare"],
+             "d3s.app.compare.markdown", "d3s.app.compare.stats", "d3s.app.compare.pairing", "d3s.app.compare.budget", "d3s.app.compare.command", "d3s.app.compare"],
     "cli": ["d3s.app.cli", "d3s.app.__main__", "d3s.app"],
 }
 
