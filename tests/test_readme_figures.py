@@ -345,7 +345,7 @@ def _credit_races(root: Path, d1s_c_gain: float, random_gain: float) -> None:
         GRPO: base, D1SC: [b + d1s_c_gain + n / 2 for b, n in zip(base, NOISE[::-1])],
         RANDOM: [b + random_gain + n for b, n in zip(base, NOISE)], SMALL: [b - 0.005 * (i % 3) for i, b in enumerate(base)]})
     _credit_race(root, "credit-race-arith2digit", {
-        GRPO: base[:6], D1SC: [b + n for b, n in zip(base, NOISE[2:])], RANDOM: [b - n for b, n in zip(base, NOISE)],
+        GRPO: base[:5], D1SC: [b + n for b, n in zip(base, NOISE[2:])], RANDOM: [b - n for b, n in zip(base, NOISE)],
         SMALL: [b + n / 2 for b, n in zip(base, NOISE[1:])]})
 
 
