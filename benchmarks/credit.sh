@@ -78,10 +78,18 @@ lscpu_record() {  # folder: this machine's lscpu beside the runs (lscpu.txt, or 
     fi
 }
 
-compare_by_seed() {  # folder seeds variants [options...]: one d3s compare per seed, its runs committed after it
-    local folder=$1 seeds=$2 variants=$3 s
+seed_done() {  # folder seed variants: whether every run of that seed is finished (its summary.json written)
+    local v
+    for v in ${3//,/ }; do
+        [ -f "$1/$v-seed$2/summary.json" ] || return 1
+    done
+}
+
+compare_by_seed() {  # folder seeds variants [options...]: one d3s compare per seed not yet finished, its runs
+    local folder=$1 seeds=$2 variants=$3 s  # committed after it; then one over all the seeds
     shift 3
     for s in ${seeds//,/ }; do
+        seed_done "$folder" "$s" "$variants" && continue  # a finished seed's compare would only rewrite the tables
         $D3S compare "$@" --variants "$variants" --seeds "$s" "${COMMON[@]}" --output_dir "$folder"
         lscpu_record "$folder"  # after the first compare: d3s compare claims only an empty folder or its own
         commit_runs "$folder"
