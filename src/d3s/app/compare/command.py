@@ -312,22 +312,23 @@ def check_every_run(variants: Sequence[str], reference: str, seeds: Sequence[int
             raise RecipeError(f"run setting {v!r}{how}: {err}") from None
 
 
+def _refuse_runs(names: list[str], why: str, fix: str) -> None:
+    """One line refusing `--wall_clock_ratios true`, naming the first runs that fail its condition."""
+    if names:
+        raise RecipeError(f"--wall_clock_ratios true: {', '.join(names[:4])}{' and more' if len(names) > 4 else ''} "
+                          f"{why}; {fix}, or leave the option off (the tables then say where they cannot compare)")
+
+
 def refuse_mixed_machines(summary: dict) -> None:
     """One line naming the runs timed on another machine than the reference's first run (or on none recorded), and
     the runs timed while something else loaded the machine (`d3s.app.machine.quiet`)."""
     rows = [(v, p) for v, row in summary["variants"].items() for p in row["per_seed"]]
     first = summary["variants"][summary["reference"]]["per_seed"][0]["machine"]
-    other = [f"{v}-seed{p['seed']}" for v, p in rows if not same_machine(p["machine"], first)]
-    if other:
-        raise RecipeError(f"--wall_clock_ratios true: {', '.join(other[:4])}{' and more' if len(other) > 4 else ''} "
-                          "were timed on another machine than the reference's first run, or on one not recorded; "
-                          "rerun them here, or leave the option off (the tables then say where they cannot compare)")
-    loaded = [f"{v}-seed{p['seed']}" for v, p in rows if p.get("quiet") is False]
-    if loaded:
-        raise RecipeError(f"--wall_clock_ratios true: {', '.join(loaded[:4])}{' and more' if len(loaded) > 4 else ''} "
-                          "ran while something else loaded the machine (1-minute load average above its CPU count "
-                          "at start or end; summary.json's load); rerun them with nothing else running, or leave the "
-                          "option off (the tables then say where they cannot compare)")
+    _refuse_runs([f"{v}-seed{p['seed']}" for v, p in rows if not same_machine(p["machine"], first)],
+                 "were timed on another machine than the reference's first run, or on one not recorded", "rerun them here")
+    _refuse_runs([f"{v}-seed{p['seed']}" for v, p in rows if p.get("quiet") is False],
+                 "ran while something else loaded the machine (1-minute load average above its CPU count at start or "
+                 "end; summary.json's load)", "rerun them with nothing else running")
 
 
 def cmd_compare(argv: Sequence[str]) -> int:
