@@ -17,13 +17,24 @@
 #                                           # setting against GRPO at its compute (does it fall below its start?),
 #                                           # and D1S-C without the recipes' skip_steps_without_signal
 #   bash benchmarks/credit.sh all           # tuning, choose, race, steps, arith2digit, flat
+#   bash benchmarks/credit.sh report        # once every run is in (it refuses, naming the runs missing, before):
+#                                           # every campaign's compare.md, compare.json and plots again with this
+#                                           # checkout's d3s compare, then scripts/readme_figures.py; trains nothing
 #
-# D3S=... the command (default .venv/bin/d3s where scripts/setup.sh made it); RESULTS=... the folder of the
-# campaigns (default benchmarks/results); COMMIT=0 leaves the runs uncommitted. The rule the race decides by is
+# D3S=... the command that trains (default .venv/bin/d3s where scripts/setup.sh made it; the campaigns run it with
+# their pinned code, so that every run comes from one version); REPORT_D3S=... the d3s compare of the report (default
+# this checkout's, which writes what the pinned one predates: the pairing section); PYTHON=... the Python of the
+# choice and of the figures (default .venv/bin/python); RESULTS=... the folder of the campaigns (default
+# benchmarks/results); COMMIT=0 leaves the runs uncommitted. The rule the race decides by is
 # benchmarks/results/credit-rule.md, committed before the race's first run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -x .venv/bin/d3s ]; then D3S=${D3S:-.venv/bin/d3s}; else D3S=${D3S:-d3s}; fi
+if [ -x .venv/bin/d3s ]; then CHECKOUT_D3S=.venv/bin/d3s; else CHECKOUT_D3S=d3s; fi
+if [ -x .venv/bin/python ]; then PYTHON=${PYTHON:-.venv/bin/python}; else PYTHON=${PYTHON:-python3}; fi
+D3S=${D3S:-$CHECKOUT_D3S}
+REPORT_D3S=${REPORT_D3S:-$CHECKOUT_D3S}
+MODE=train  # train: run what is missing; check: list it in MISSING, run nothing; report: compare only
+MISSING=()
 RESULTS=${RESULTS:-benchmarks/results}
 COMMIT=${COMMIT:-1}
 COMMON=(--keep_checkpoints none --plots false)
@@ -85,9 +96,25 @@ seed_done() {  # folder seed variants: whether every run of that seed is finishe
     done
 }
 
+missing_runs() {  # folder seeds variants: add each unfinished run of them to MISSING
+    local s v
+    for s in ${2//,/ }; do
+        for v in ${3//,/ }; do
+            [ -f "$1/$v-seed$s/summary.json" ] || MISSING+=("$1/$v-seed$s")
+        done
+    done
+}
+
 compare_by_seed() {  # folder seeds variants [options...]: one d3s compare per seed not yet finished, its runs
     local folder=$1 seeds=$2 variants=$3 s  # committed after it; then one over all the seeds
     shift 3
+    if [ "$MODE" = check ]; then missing_runs "$folder" "$seeds" "$variants"; return 0; fi
+    if [ "$MODE" = report ]; then  # every run is in: the tables and plots again, nothing trained
+        $REPORT_D3S compare "$@" --variants "$variants" --seeds "$seeds" --keep_checkpoints none --plots true \
+            --output_dir "$folder"
+        commit_runs "$folder"
+        return 0
+    fi
     for s in ${seeds//,/ }; do
         seed_done "$folder" "$s" "$variants" && continue  # a finished seed's compare would only rewrite the tables
         $D3S compare "$@" --variants "$variants" --seeds "$s" "${COMMON[@]}" --output_dir "$folder"
@@ -110,7 +137,7 @@ tuning() {
 }
 
 choose() {
-    .venv/bin/python benchmarks/credit_choice.py --results "$RESULTS"
+    "$PYTHON" benchmarks/credit_choice.py --results "$RESULTS"
     if [ "$COMMIT" = 1 ]; then
         local f
         for f in "$RESULTS/credit-tuning/choice.json" "$RESULTS/credit-tuning/choice.md"; do
@@ -120,7 +147,7 @@ choose() {
 }
 
 tuned() {  # arm: its tuned learning rate, from choice.json
-    .venv/bin/python -c "import json, sys; print(repr(json.load(open(sys.argv[1]))[sys.argv[2]]['learning_rate']))" \
+    python3 -c "import json, sys; print(repr(json.load(open(sys.argv[1]))[sys.argv[2]]['learning_rate']))" \
         "$RESULTS/credit-tuning/choice.json" "$1"
 }
 
@@ -170,8 +197,28 @@ flat() {  # the shipped setting on the flat-start task against GRPO at its compu
         "${BUDGET[@]}" --reference "$(reference)" "${FLAT_TASK[@]}"
 }
 
+report() {  # every run in: each campaign's tables and plots with this checkout's d3s compare, then the pages' blocks
+    local stage page
+    MODE=check
+    for stage in tuning race steps arith2digit flat; do "$stage"; done
+    if [ "${#MISSING[@]}" -gt 0 ]; then
+        # exit, not return: a function called in an && list runs on past a failed command
+        echo "credit.sh report: ${#MISSING[@]} run(s) not finished, so nothing is reported yet; run" \
+             "'bash benchmarks/credit.sh all' first. Missing: ${MISSING[*]}" >&2
+        exit 2
+    fi
+    MODE=report
+    for stage in tuning race steps arith2digit flat; do "$stage"; done
+    "$PYTHON" scripts/readme_figures.py
+    if [ "$COMMIT" = 1 ]; then
+        for page in README.md docs/*.md; do
+            [ -z "$(git status --porcelain -- "$page")" ] || commit_path "$page" "credit report: $page's blocks from the campaigns"
+        done
+    fi
+}
+
 case "${1:-}" in
-    tuning | choose | race | steps | arith2digit | flat) "$1" ;;
+    tuning | choose | race | steps | arith2digit | flat | report) "$1" ;;
     all) tuning && choose && race && steps && arith2digit && flat ;;
-    *) echo "usage: bash benchmarks/credit.sh tuning|choose|race|steps|arith2digit|flat|all" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/credit.sh tuning|choose|race|steps|arith2digit|flat|all|report" >&2; exit 2 ;;
 esac
