@@ -66,6 +66,11 @@ def _at_budget(c: dict, v: str) -> list[float]:
     return [per[str(s)]["accuracy_at_budget"] for s in c["seeds"]]
 
 
+def accuracy_cell(accs: list[float]) -> str:
+    """An arm's mean accuracy over seeds with its 95% interval: '69.9% [65.4, 74.3]'."""
+    return f"{pct(statistics.mean(accs))} {_interval(mean_interval(accs, bounds=(0.0, 1.0)))}"
+
+
 def _prompts(row: dict) -> str:
     if not row.get("prompts_checked_seeds"):
         return "-"
@@ -89,9 +94,7 @@ def credit_table(root: Path, folder: str, prefix: str = "") -> str:
             continue
         v = roles[role]
         r, b = c["variants"][v], c["variants"][v]["budget"]
-        accs = _at_budget(c, v)
-        head = (f"| {label} | `{v}` | {pct(statistics.mean(accs))} "
-                f"{_interval(mean_interval(accs, bounds=(0.0, 1.0)))} | ")
+        head = f"| {label} | `{v}` | {accuracy_cell(_at_budget(c, v))} | "
         steps = f"{statistics.mean(p['steps'] for p in r['per_seed']):.0f}"
         if role == "grpo":
             lines.append(head + f"- | - | - | {steps} | - |")

@@ -15,8 +15,8 @@ are README.md and docs/*.md (docs/results.md holds the results).
 
 This file holds the pages and the registry of blocks (`FIGURES`); the blocks are computed in the modules beside
 it: `figures_common` (reading, tests, formatting), `figures_campaigns` (the fixed-step campaigns), `figures_race`
-(the races at GRPO's compute, the FLOP table), `figures_credit` (the controls) and `figures_project` (the GPU
-measurement, versions, TRL names and fields).
+(the races at GRPO's compute, the FLOP table), `figures_credit` (the controls), `figures_readme` (the README's lead
+and results) and `figures_project` (the GPU measurement, versions, TRL names and fields).
 
     python scripts/readme_figures.py           # rewrite every block from the data
     python scripts/readme_figures.py --check   # exit 1, naming each block whose text differs from the data
@@ -41,6 +41,7 @@ from figures_common import *  # noqa: F401,F403
 from figures_campaigns import *  # noqa: F401,F403
 from figures_race import *  # noqa: F401,F403
 from figures_credit import *  # noqa: F401,F403
+from figures_readme import *  # noqa: F401,F403
 from figures_project import *  # noqa: F401,F403
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,6 @@ FIGURES = {
     "three-seed-history": three_seed_history,
     "keep-last": keep_last,
     "d3s-config-fields": d3s_config_fields,
-    "race-table-short": race_table_short,
     "gpu-training-phase": gpu_training_phase,
     "generation-share": generation_share,
     "supported-versions": supported_versions,
@@ -82,6 +82,8 @@ FIGURES = {
     "credit-race-default": lambda root, prefix="": credit_table(root, "credit-race-default", prefix),
     "credit-race-arith2digit": lambda root, prefix="": credit_table(root, "credit-race-arith2digit", prefix),
     "credit-steps": credit_steps,
+    "readme-lead": readme_lead,
+    "readme-results": readme_results,
 }
 
 

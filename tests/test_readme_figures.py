@@ -38,7 +38,8 @@ def _page_copies(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("page,name,old,new", [
-    ("README.md", "race-table-short", "69.9%", "71.9%"),
+    ("README.md", "readme-results", "69.9%", "71.9%"),
+    ("README.md", "readme-lead", "+10.6 points", "+12.6 points"),
     ("docs/results.md", "race-default", "64.9%", "66.9%"),
     ("docs/results.md", "campaign5-default", "65.8%", "68.5%"),
 ])
@@ -494,3 +495,56 @@ def test_the_shipped_setting_is_the_winner_at_its_tuned_rate_and_a_falling_grpo_
     small.mkdir()
     (small / "summary.json").write_text(json.dumps({"below_start": [{"step": 8}]}))
     assert f"{SMALL}-seed21" not in figures.credit_verdict(tmp_path)
+
+
+# --- the README's lead and results: the first race until the controls are in, then the controls' rule ---------------
+
+def test_the_lead_says_what_d3s_does_then_the_first_race_until_the_controls_are_in(tmp_path):
+    lead = figures.readme_lead(ROOT) if figures.credit_shipped_setting(ROOT) is None else None
+    if lead is not None:  # the committed data: the first race's D1S-C, from its compare.json
+        c = json.loads((ROOT / figures.RESULTS / "race-default" / "compare.json").read_text())
+        b = c["variants"]["d1s-c"]["budget"]
+        said = figures.paired(b["diff_at_budget_mean"], b["diff_at_budget_ci"],
+                              figures.arm_tests(c, "budget")["d1s-c"]["p_value_holm"])
+        assert lead.startswith(figures.WHAT + " On a 135M model at GRPO's compute, D1S-C")
+        assert f"GRPO on 1-digit arithmetic ({said})" in lead and lead.endswith("is provisional.")
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)  # no first race here: the controls alone speak
+    (tmp_path / figures.RESULTS / "credit-flat" / "d1s-c-seed23" / "summary.json").unlink()
+    pending = figures.readme_lead(tmp_path)
+    assert pending.startswith(figures.WHAT + " Whether its selection rule buys that") and "provisional" in pending
+
+
+def test_the_lead_is_the_rules_verdict_once_the_controls_are_in(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.0, random_gain=0.0)
+    lead = figures.readme_lead(tmp_path)
+    assert lead == figures.WHAT + " " + figures.credit_verdict(tmp_path)
+    # in plain words, in the rule's order: any arm above tuned GRPO, selection against random, what ships and why
+    assert lead.index("no arm beat tuned GRPO") < lead.index("Max-variance selection was not shown to differ from "
+                                                             "random selection") < lead.index("So the recipes run tuned GRPO")
+
+
+def test_the_results_show_each_arm_of_both_controls_races_paired_against_tuned_grpo(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
+    text = figures.readme_results(tmp_path)
+    assert "credit-race-default/compare-budget.png" in text.splitlines()[0]
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| arm")}
+    assert list(rows) == ["tuned GRPO", "D1S-C", "random selection", "GRPO generating only what D1S-C trains on"]
+    for task, folder, first in (("default", "credit-race-default", 0), ("arith", "credit-race-arith2digit", 2)):
+        c = json.loads((tmp_path / figures.RESULTS / folder / "compare.json").read_text())
+        accs = {v: [c["variants"][v]["budget"]["per_seed"][str(s)]["accuracy_at_budget"] for s in c["seeds"]]
+                for v in c["variants"]}
+        assert rows["D1S-C"][first] == figures.accuracy_cell(accs[D1SC])
+        b = c["variants"][D1SC]["budget"]
+        assert rows["D1S-C"][first + 1].rstrip(" |") == figures.paired(b["diff_at_budget_mean"], b["diff_at_budget_ci"],
+                                                                       b["p_value_holm"])
+        assert rows["tuned GRPO"][first + 1].rstrip(" |") == "-"
+        assert figures.paired_between(accs[D1SC], accs[RANDOM]) in text
+    assert "default task (8 seeds)" in text and "arith-2digit (5 seeds)" in text
+
+
+def test_the_results_show_the_first_race_until_the_controls_are_in(tmp_path):
+    assert "race-default/compare-budget.png" in figures.readme_results(ROOT) or figures.credit_finished(ROOT)
+    _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
+    (tmp_path / figures.RESULTS / "credit-race-arith2digit" / "compare.json").unlink()
+    assert "race-default/compare-budget.png" in figures.readme_results(tmp_path).splitlines()[0]
