@@ -34,7 +34,8 @@ from pathlib import Path
 from d3s.app.compare.summary import _run_machine
 from d3s.app.intervals import mean_interval
 from d3s.app.machine import same_machine
-from d3s.app.runfiles import TIME_PREFIX, read_run_records, read_summary
+from d3s.app.records import TIME_PREFIX
+from d3s.app.runfiles import read_run_records, read_summary
 
 COUNTS = ("d3s/groups_generated", "d3s/signal_groups", "d3s/flat_groups_generated", "d3s/prompts_skipped",
           "d3s/prompts_unfilled", "d3s/generation_rounds", "d3s/no_signal_step")

@@ -12,7 +12,7 @@ import pytest
 from d3s.app.compare.markdown import render_markdown
 from d3s.app.compare.summary import summarize
 from d3s.app.intervals import mean_interval, wilson_interval
-from d3s.app.runfiles import no_signal_share
+from d3s.app.records import no_signal_share
 
 
 def _write_run(folder, final, curve, version="0.1.0+gabc", zero_std=(0.5, 0.5, 1.0, 0.0), times=None, flops=None,
@@ -298,7 +298,7 @@ def test_a_quiet_pair_gets_its_ratio_and_a_run_without_a_load_record_is_unverifi
 def test_steps_without_signal_are_counted_per_run_and_added_up_per_variant():
     from d3s.app.compare.markdown import _zero_gradient
     from d3s.app.compare.summary import _sum_counts
-    from d3s.app.runfiles import zero_gradient_steps
+    from d3s.app.records import zero_gradient_steps
 
     records = [{"type": "train", "step": i + 1, "d3s/zero_gradient": z, "d3s/weights_moved": m,
                 "d3s/optimizer_skipped": k} for i, (z, m, k) in enumerate([(0, 1, 0), (1, 1, 0), (1, 0, 1), (1, 1, 0)])]

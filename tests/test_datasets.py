@@ -13,7 +13,8 @@ from d3s import cli  # noqa: E402
 from d3s.app import train  # noqa: E402
 from d3s.app.errors import RecipeError  # noqa: E402
 from d3s.app.run_args import RunArgs  # noqa: E402
-from d3s.app.tasks import build_task, load_math_rows  # noqa: E402
+from d3s.app.math_data import load_math_rows  # noqa: E402
+from d3s.app.tasks import build_task  # noqa: E402
 
 
 def rows_of(path, **fields):

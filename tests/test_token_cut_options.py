@@ -283,7 +283,7 @@ def _records(per_rollout, one_sided, norms, clipped=None):
 
 
 def test_summary_json_says_what_the_token_cut_did():
-    from d3s.app.runfiles import token_cut_summary
+    from d3s.app.records import token_cut_summary
 
     records = _records([1.0, 1.5, 3.0, 0.5], [1.0, 1.0, 0.0, 1.0], [24.0, 0.5, 3.0, 0.0])
     got = token_cut_summary(records, token_selection=True, k_init=0.05, k_final=0.2, token_cut="batch", max_grad_norm=1.0)

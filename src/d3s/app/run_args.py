@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from d3s.app.budget import Budget, parse_shares
 from d3s.app.errors import RecipeError, SettingsError
-from d3s.app.tasks import ArithmeticTaskConfig, MathTaskConfig, TaskConfig
+from d3s.app.math_data import MathTaskConfig
+from d3s.app.tasks import ArithmeticTaskConfig, TaskConfig
 
 
 @dataclass

@@ -402,7 +402,7 @@ _INERT_UNLESS = {
 
 def data_change(saved: dict, now: dict) -> str | None:
     """How the dataset of two `run_config.json` contents differs in content under the same name (their `data`
-    records its SHA-256, `d3s.app.tasks.dataset_digest`), or None (the same, or not recorded: a run made before it
+    records its SHA-256, `d3s.app.math_data.dataset_digest`), or None (the same, or not recorded: a run made before it
     was, a hub dataset)."""
     old, new = saved.get("data") or {}, now.get("data") or {}
     if not (old.get("sha256") and new.get("sha256")) or old["sha256"] == new["sha256"]:

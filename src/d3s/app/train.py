@@ -14,7 +14,7 @@ The run is `D3SGRPOTrainer` (d3s.integrations.trl) plus what a person running it
   foreign folder touched), writes its checkpoints atomically and its records by atomic replacement
   (`d3s.app.runfiles`: a file that cannot be written, on a full disk or a read-only folder, stops the run in
   one line naming it, and nothing saved before is lost);
-- Ctrl-C, SIGTERM or an exception saves a checkpoint of the last finished step (with the RNG
+- Ctrl-C, SIGTERM or an exception (`d3s.app.run_stop`) saves a checkpoint of the last finished step (with the RNG
   states of that step's end, not those of the half-finished next one) and says in one line what is
   saved; `--resume true` continues from the newest complete checkpoint — TRL restores the step,
   optimizer and RNG states, and the D3S schedule is a function of the step, so it continues
@@ -36,11 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-import sys
-import threading
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -49,24 +45,21 @@ import torch
 
 from d3s.app.budget import FLOPS_CONVENTION, budget_spent, budget_summary, count_compute, run_budget
 from d3s.app.child_process import stop_with_parent
-from d3s.app.errors import RecipeError, Terminated
+from d3s.app.errors import RecipeError
 from d3s.app.evaluation.heldout import check_prompts_fit, heldout_accuracy
 from d3s.app.machine import machine_description, machine_load
+from d3s.app.math_data import dataset_digest
 from d3s.app.models import cache_dir, is_missing_local_model, load_pretrained, resolve_model
 from d3s.app.plots import plot_run
 from d3s.app.recipe import load_recipe, make_parser, parse_train_args, set_offline_defaults, take_config, train_device, \
     variant_additions, variant_label
+from d3s.app.records import run_summary
 from d3s.app.resume import settle_resume
 from d3s.app.run_args import RunArgs
-from d3s.app.runfiles import RunFileError, RunLog, atomic_write_text, eval_result, run_summary, write_failure, \
-    writing
-from d3s.app.runfolder import RunLock, UnloadableCheckpoint, claim_folder, code_version, complete_checkpoints, \
-    lock_existing_run
-from d3s.app.tasks import TaskData, build_task, dataset_digest, prompt_messages
-
-
-def _say(message: str) -> None:
-    print(f"d3s train: {message}", file=sys.stderr, flush=True)
+from d3s.app.run_stop import RunStopped, StopSignals, say, stop_run
+from d3s.app.runfiles import RunLog, atomic_write_text, eval_result, writing
+from d3s.app.runfolder import RunLock, UnloadableCheckpoint, claim_folder, code_version, lock_existing_run
+from d3s.app.tasks import TaskData, build_task, prompt_messages
 
 
 def _make_callback(run_log: RunLog, evaluate, run: RunArgs):
@@ -92,90 +85,6 @@ def _model_key(model_path: str, task_key: dict, max_new_tokens: int) -> str:
     raw = json.dumps([str(p.resolve()) if p.exists() else model_path, stamp, task_key, max_new_tokens],
                      sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
-
-
-class RunStopped(Exception):
-    """Training stopped early (Ctrl-C, SIGTERM, an exception); the user has been told what was saved.
-    `code` is the exit status: 130 for SIGINT, 143 for SIGTERM, 1 for an exception."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
-
-
-class _StopSignals:
-    """While active, SIGTERM stops the run like Ctrl-C (Python's default for SIGTERM is to die at once). The first
-    SIGTERM stops it; any later one is ignored to the end of the process, so that the run can save and say so: a
-    parent's death reaches a run of `d3s compare` once per thread that inherited the request
-    (`child_process.stop_with_parent`), and a second one would otherwise land after the handler is gone and kill
-    the run mid-save without a word. `d3s train` holds one for the whole command, one more for training."""
-
-    def __enter__(self):
-        self.previous = self.handler = None
-        if threading.current_thread() is threading.main_thread():
-            def terminated(signum, frame):
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                raise Terminated()
-
-            self.handler = terminated
-            self.previous = signal.signal(signal.SIGTERM, terminated)
-        return self
-
-    def __exit__(self, *exc):
-        # Once a SIGTERM came (here or in a nested stop), SIGTERM stays ignored until the process ends.
-        if self.handler is not None and signal.getsignal(signal.SIGTERM) is self.handler:
-            signal.signal(signal.SIGTERM, self.previous)
-        return False
-
-
-def _continue_hint(run: RunArgs) -> str:
-    if os.environ.get("D3S_CONTINUE_HINT"):  # d3s compare runs this d3s train; its own command continues it
-        return os.environ["D3S_CONTINUE_HINT"]
-    return "run the same command again" if run.resume else "run the same command plus --resume true"
-
-
-def _stop(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, err: BaseException, resume_step: int | None,
-          unloadable: dict[str, str]) -> RunStopped:
-    """After training stopped early: keep the last finished step (its record, a checkpoint with its
-    RNG states), tell the user in one line what is saved and how to continue; the exit status."""
-    if isinstance(err, Terminated):
-        what, code = "terminated (SIGTERM)", 143
-    elif isinstance(err, KeyboardInterrupt):
-        what, code = "interrupted", 130
-    elif isinstance(err, RunFileError):  # a full disk, a read-only folder: the user's to fix, no traceback
-        what, code = f"stopped: {err.path} cannot be written ({err.reason})", 1
-    elif write_failure(err):  # the same, while a checkpoint was written (torch and safetensors say it their way)
-        what, code = f"stopped: a checkpoint cannot be written ({write_failure(err)})", 1
-    else:
-        traceback.print_exception(err)
-        what, code = f"stopped by {type(err).__name__}", 1
-    if callback.bar is not None:
-        callback.bar.close()
-    step = trainer.state.global_step
-    note = ""
-    if callback.updating_from is not None and callback.updating_from == step:
-        note = f" inside the weight update of step {step + 1}, which cannot be saved;"
-    elif step > 0 and step not in (resume_step, trainer.d3s_saved_step) and not (
-            isinstance(err, RunFileError) or write_failure(err)):
-        point = trainer.d3s_resume_point
-        try:
-            if point is not None and point["step"] == step:
-                trainer.d3s_rewind_to_resume_point()
-            else:  # stopped between the step's end and its record: write the record first
-                last = run_log.last("train")
-                if last is None or last["step"] < step:
-                    trainer.d3s_log_finished_step()
-            trainer._save_checkpoint(trainer.model, trial=None)
-        except BaseException as save_err:  # a second Ctrl-C, a full disk: the older checkpoints are intact
-            note = f" saving checkpoint-{step} failed ({type(save_err).__name__});"
-    good, _ = complete_checkpoints(out, unloadable=unloadable)
-    if good:
-        where = (f"{good[0].name} holds step {good[0].name.split('-')[-1]}; to continue, {_continue_hint(run)}")
-    else:
-        where = "no step was saved; " + os.environ.get("D3S_CONTINUE_HINT", "run the same command again") + \
-            " to start over"
-    _say(f"{what} after step {step};{note} {where}")
-    return RunStopped(code)
 
 
 def run_train(run: RunArgs, config, recipe: dict | None = None, held: RunLock | None = None) -> dict[str, Any]:
@@ -220,7 +129,7 @@ def _run_in_folder(run: RunArgs, config, recipe: dict | None, out: Path, main_pr
     unloadable: dict[str, str] = {}
     said: set[str] = set()
     while True:
-        checkpoint, finished = settle_resume(run, config, out, main_process, run_config, unloadable, said, _say)
+        checkpoint, finished = settle_resume(run, config, out, main_process, run_config, unloadable, said, say)
         if finished is not None:
             return finished
         try:
@@ -239,7 +148,7 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     check_prompts_fit(model, tokenizer, task, run, config)
 
     resume_step = int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None
-    run_log = RunLog(out / "metrics.jsonl", resume_step, writer=main_process, warn=_say)
+    run_log = RunLog(out / "metrics.jsonl", resume_step, writer=main_process, warn=say)
     if main_process:
         atomic_write_text(out / "run_config.json", json.dumps({**run_config, "model_path": model_path}, indent=2,
                                                               default=str))
@@ -256,7 +165,7 @@ def _run_from(run: RunArgs, config, out: Path, main_process: bool, started: floa
     variant = variant_label(config.variant, run_config["variant"]["added"])  # "d3s (+ recipe: ...)"
     if config.skip_steps_without_signal:  # not TRL's behaviour, whatever the variant: say so
         variant += " skipping optimizer steps without signal"
-    _say(f"{variant} on {run.task} with {Path(model_path).name}, "
+    say(f"{variant} on {run.task} with {Path(model_path).name}, "
          f"{_length_text(run, config, prompts_per_step)}, "
          f"{'bf16 autocast' if config.bf16 else 'fp32'} on {_device(config)}; output in {out}")
 
@@ -318,7 +227,7 @@ def _training_data(run: RunArgs, config):
     size = run.task_train_size or stream_size(max(1, config.max_steps) * max(1, prompts_per_step))
     task = build_task(run.task_config(), size)
     for note in task.notes if _main_process() else ():  # rows left out, gold answers math-verify cannot read
-        _say(note)
+        say(note)
     dataset = Dataset.from_list([{"prompt": prompt_messages(p["question"], task.instruction), "answer": p["answer"]}
                                  for p in task.train])
     return task, dataset, prompts_per_step
@@ -368,7 +277,7 @@ def _base_model_score(model_path: str, task: TaskData, max_new: int, evaluate, r
     if found:
         before = json.loads(cached.read_text())
     else:
-        _say(f"held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...")
+        say(f"held-out accuracy of the base model ({len(task.heldout)} problems, greedy)...")
         before = evaluate()
         with writing(cached):
             cached.parent.mkdir(parents=True, exist_ok=True)
@@ -386,17 +295,17 @@ def _train(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, config, 
         # Every step was trained and saved; the run stopped before its final evaluation (or lost its summary).
         trainer._load_from_checkpoint(str(checkpoint))
         trainer.state.global_step = resume_step
-        _say("every step is trained: running the final evaluation")
+        say("every step is trained: running the final evaluation")
         return
     try:
-        with _StopSignals():
+        with StopSignals():
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     except UnloadableCheckpoint:  # nothing trained yet: the caller continues from an older checkpoint
         if callback.bar is not None:
             callback.bar.close()
         raise
     except BaseException as err:  # Ctrl-C, SIGTERM, a crash: keep the last finished step, then stop
-        raise _stop(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
+        raise stop_run(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
 
 
 def _final_evaluation(trainer, callback, run_log: RunLog, out: Path, run: RunArgs, resume_step: int | None,
@@ -405,13 +314,13 @@ def _final_evaluation(trainer, callback, run_log: RunLog, out: Path, run: RunArg
     SIGTERM, an exception) says in one line what is saved and raises `RunStopped`, as during training."""
     step = trainer.state.global_step
     try:
-        with _StopSignals():
+        with StopSignals():
             if step not in (resume_step, trainer.d3s_saved_step):  # (a checkpoint-N there may be unloadable)
                 trainer._save_checkpoint(trainer.model, trial=None)
             run_log.drop("eval", step)  # a final evaluation whose summary.json was lost: it runs again
             return callback.run_eval(step)
     except BaseException as err:
-        raise _stop(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
+        raise stop_run(trainer, callback, run_log, out, run, err, resume_step, unloadable) from err
 
 
 def _finish(run: RunArgs, config, out: Path, summary: dict, main_process: bool) -> None:
@@ -423,7 +332,7 @@ def _finish(run: RunArgs, config, out: Path, summary: dict, main_process: bool) 
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     b, a = summary["before"], summary["after"]
     if b:
-        _say(f"held-out accuracy {b['accuracy']:.1%} [{b['ci_low']:.1%}, {b['ci_high']:.1%}] -> "
+        say(f"held-out accuracy {b['accuracy']:.1%} [{b['ci_low']:.1%}, {b['ci_high']:.1%}] -> "
              f"{a['accuracy']:.1%} [{a['ci_low']:.1%}, {a['ci_high']:.1%}] ({a['n']} problems, greedy); "
              f"training {(summary['train_wall_s'] or 0.0) / 60:.1f} min")
 
@@ -440,7 +349,7 @@ def cmd_train(argv) -> int:
         )
         parser.print_help()
         return 0
-    with _StopSignals():  # a SIGTERM before or after training stops the command as Ctrl-C does, and it says so
+    with StopSignals():  # a SIGTERM before or after training stops the command as Ctrl-C does, and it says so
         stop_with_parent()  # a run of d3s compare stops when compare dies
         set_offline_defaults()
         # a folder in use is refused before the frameworks are imported (minutes on a loaded machine)

@@ -33,9 +33,8 @@ from d3s.app.compare.pairing import correlation, prompt_stream, same_prompts
 from d3s.app.compare.stats import minimum_detectable_difference, paired_tests
 from d3s.app.intervals import mean_interval, wilson_interval
 from d3s.app.machine import all_quiet, one_machine, quiet, same_machine
-from d3s.app.runfiles import (finished_summary, generation_summary, no_signal_share, read_run_config,
-                              zero_gradient_steps,
-                              read_run_records, step_seconds, with_computed_tokens)
+from d3s.app.records import generation_summary, no_signal_share, step_seconds, zero_gradient_steps
+from d3s.app.runfiles import finished_summary, read_run_config, read_run_records, with_computed_tokens
 
 
 SAFE_NAME_CHARACTERS = frozenset(string.ascii_letters + string.digits + "._+=,@-")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from d3s.app.errors import UsageError
-from d3s.app.tasks import ARITH_INSTRUCTION, MATH_INSTRUCTION
+from d3s.app.math_data import MATH_INSTRUCTION
+from d3s.app.tasks import ARITH_INSTRUCTION
 
 ChatMode = Literal["auto", "on", "off"]
 
