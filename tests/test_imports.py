@@ -27,7 +27,7 @@ APP_LAYERS = {
     "recipe": ["d3s.app.recipe", "d3s.app.run_args"],
     "evaluation": ["d3s.app.evaluation.aggregate", "d3s.app.evaluation.benchmarks",
                    "d3s.app.evaluation.prompts", "d3s.app.evaluation.generation", "d3s.app.evaluation.report",
-                   "d3s.app.evaluation.heldout", "d3s.app.evaluation.cache"],
+                   "d3s.app.evaluation.heldout", "d3s.app.evaluation.cache", "d3s.app.evaluation.settings"],
     "jobs": ["d3s.app.evaluation.runner", "d3s.app.evaluation", "d3s.app.run_trainer", "d3s.app.run_stop", "d3s.app.resume",
              "d3s.app.train", "d3s.app.compare.summary",
              "d3s.app.compare.markdown", "d3s.app.compare.stats", "d3s.app.compare.pairing", "d3s.app.compare.budget", "d3s.app.compare.command", "d3s.app.compare"],

@@ -11,7 +11,8 @@ import pytest
 from d3s.app.cli import main
 from d3s.app.errors import UsageError
 from d3s.app.evaluation.generation import TransformersSampler
-from d3s.app.evaluation.runner import EvalConfig, run_eval
+from d3s.app.evaluation.runner import run_eval
+from d3s.app.evaluation.settings import EvalConfig
 from d3s.metrics import pass_at_k
 
 

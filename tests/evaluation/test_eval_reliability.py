@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from d3s.app.cli import main
-from d3s.app.evaluation.runner import EvalConfig, run_eval
+from d3s.app.evaluation.runner import run_eval
+from d3s.app.evaluation.settings import EvalConfig
 
 
 def one_line_error(capsys, command: str = "eval") -> str:

@@ -9,7 +9,8 @@ pytest.importorskip("transformers")
 
 from d3s.app.evaluation.generation import call_plan  # noqa: E402
 from d3s.app.evaluation.heldout import heldout_accuracy  # noqa: E402
-from d3s.app.evaluation.runner import EvalConfig, run_eval  # noqa: E402
+from d3s.app.evaluation.runner import run_eval  # noqa: E402
+from d3s.app.evaluation.settings import EvalConfig  # noqa: E402
 from d3s.app.models import tiny_model_path  # noqa: E402
 from d3s.app.scoring import score_arith  # noqa: E402
 from d3s.app.tasks import ARITH_INSTRUCTION, TaskData, arith_reward  # noqa: E402

@@ -26,7 +26,8 @@ from typing import Callable, NoReturn, Sequence
 from d3s.app.compare import cmd_compare
 from d3s.app.errors import Terminated, UsageError
 from d3s.app.evaluation.report import load_results, render_report, render_table
-from d3s.app.evaluation.runner import EvalConfig, run_eval
+from d3s.app.evaluation.runner import run_eval
+from d3s.app.evaluation.settings import EvalConfig
 from d3s.app.options import dataclass_parser, parse_command, parse_dataclasses
 from d3s.app.runfiles import RunFileError, atomic_write_text
 from d3s.app.train import cmd_train

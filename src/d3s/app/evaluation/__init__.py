@@ -21,7 +21,8 @@ from .benchmarks import (
     load_benchmark,
 )
 from .report import load_results, render_table
-from .runner import EvalConfig, run_eval
+from .runner import run_eval
+from .settings import EvalConfig
 
 __all__ = [
     "BENCHMARKS",
