@@ -171,7 +171,7 @@ def test_a_run_setting_is_a_variant_with_switches_on():
 
 
 def test_records_made_before_the_prompt_options_are_reusable():
-    from d3s.app.runfolder import training_changes
+    from d3s.app.recipe_changes import training_changes
 
     now = {"trainer": {"variant": "d3s", "prompt_skip": False, "dynamic_sampling_max_rounds": 3}}
     assert training_changes({"trainer": {"variant": "d3s"}}, now) == ([], [])

@@ -21,7 +21,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 APP_LAYERS = {
     "errors": ["d3s.app.errors"],
     "shared": ["d3s.app.datafiles", "d3s.app.scoring", "d3s.app.intervals", "d3s.app.options", "d3s.app.runfiles",
-               "d3s.app.records", "d3s.app.runfolder", "d3s.app.child_process", "d3s.app.machine", "d3s.app.budget",
+               "d3s.app.records", "d3s.app.recipe_changes", "d3s.app.runfolder", "d3s.app.child_process",
+               "d3s.app.machine", "d3s.app.budget",
                "d3s.app.below_start", "d3s.app.models", "d3s.app.plots"],
     "tasks": ["d3s.app.tasks", "d3s.app.math_data"],
     "recipe": ["d3s.app.recipe", "d3s.app.run_args"],

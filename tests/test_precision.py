@@ -10,7 +10,7 @@ import torch
 
 from d3s.app.errors import RecipeError
 from d3s.app.recipe import parse_train_args
-from d3s.app.runfolder import training_changes
+from d3s.app.recipe_changes import training_changes
 from tests.run_helpers import records, train
 
 

@@ -342,7 +342,7 @@ def test_the_diagnosis_script_recomputes_a_campaign(tmp_path):
 
 
 def test_runs_recorded_before_the_options_existed_stay_reusable():
-    from d3s.app.runfolder import training_changes
+    from d3s.app.recipe_changes import training_changes
 
     old = {"trainer": {"variant": "d3s", "token_selection": True, "schedule": "linear", "k_init": 0.05}}
     same = {"trainer": {**old["trainer"], "token_cut": "batch", "min_tokens_per_rollout": 0,
@@ -353,7 +353,7 @@ def test_runs_recorded_before_the_options_existed_stay_reusable():
 
 
 def test_options_a_run_cannot_use_are_no_reason_to_retrain_it():
-    from d3s.app.runfolder import training_changes
+    from d3s.app.recipe_changes import training_changes
 
     grpo = {"trainer": {"variant": "grpo", "token_selection": False, "schedule": "constant",
                         "min_tokens_per_rollout": 0, "keep_last_in_loss": False, "schedule_clock": "steps"}}

@@ -8,7 +8,8 @@ Bottom-up, in import order (docs/architecture.md draws it; tests/test_imports.py
     intervals         Wilson and t-intervals
     options           the command-line convention: options from dataclass fields
     runfiles          a run's files: atomic writes, one reading of run_config/summary/records (damaged = unusable)
-    runfolder         a run's output folder: lock, complete checkpoints, which recipe changes may resume
+    runfolder         a run's output folder: lock, complete checkpoints, pruning
+    recipe_changes    which recipe changes may resume a run
     child_process     a run as compare's child: waited for through a Ctrl-C, stopped when compare dies
     models            the embedded SmolLM2 model and the tiny test model, converted once and cached
     plots             PNG plots from `metrics.jsonl`

@@ -4,7 +4,7 @@ the start; and what it refuses to continue.
 - A run is finished when its `summary.json` is valid (`d3s.app.runfiles.read_summary`); `--resume true` on
   it trains nothing. A damaged `summary.json` (not JSON, or without its fields) is written again: the run
   continues from its last checkpoint, which only evaluates.
-- A resume compares this recipe with the run's `run_config.json` (`d3s.app.runfolder.training_changes`) and
+- A resume compares this recipe with the run's `run_config.json` (`d3s.app.recipe_changes.training_changes`) and
   refuses one that changes training, also of a finished run. A `run_config.json` that is damaged cannot be
   compared: the resume is refused, naming it. (A finished run recorded before `run_config.json` existed is
   finished as it is.) A run whose records count FLOPs in another convention than this d3s
@@ -23,8 +23,9 @@ from typing import Callable
 
 from d3s.app.budget import flops_convention
 from d3s.app.run_args import RunArgs
+from d3s.app.recipe_changes import training_changes
 from d3s.app.runfiles import read_run_config, read_run_records, read_summary
-from d3s.app.runfolder import STAGING_NAME, RunFolderError, checkpoint_step, complete_checkpoints, training_changes
+from d3s.app.runfolder import STAGING_NAME, RunFolderError, checkpoint_step, complete_checkpoints
 
 
 def settle_resume(run: RunArgs, config, out: Path, main_process: bool, run_config: dict,

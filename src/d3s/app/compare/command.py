@@ -43,9 +43,9 @@ from d3s.app.machine import same_machine
 from d3s.app.options import parse_command
 from d3s.app.plots import plot_budget, plot_compare
 from d3s.app.recipe import parse_train_args
+from d3s.app.recipe_changes import data_change, training_changes
 from d3s.app.runfiles import atomic_write_text, read_run_config, read_run_records, read_summary
-from d3s.app.runfolder import KeepCheckpoints, RunFolderError, data_change, holds_comparison, is_run_folder, \
-    prune_checkpoints, training_changes
+from d3s.app.runfolder import KeepCheckpoints, RunFolderError, holds_comparison, is_run_folder, prune_checkpoints
 from d3s.app.train import resolve_run_config
 from d3s.variants import VARIANTS
 
