@@ -13,9 +13,9 @@
 #                                           # without D3S + floor (the plan's cut, below)
 #   bash benchmarks/credit.sh steps         # default task, seeds 21-28: D1S-C and random selection for GRPO's steps
 #   bash benchmarks/credit.sh arith2digit   # arith-2digit, seeds 21-25, the same arms and rates (the plan's cut)
-#   bash benchmarks/credit.sh flat          # the flat-start task (3 terms of 1 digit), seeds 21-23: the shipped
-#                                           # setting against GRPO at its compute (does it fall below its start?),
-#                                           # and D1S-C without the recipes' skip_steps_without_signal
+#   bash benchmarks/credit.sh flat          # the flat-start task (3 terms of 1 digit), seeds 21-23: D1S-C with
+#                                           # the recipes' step skip against GRPO at its compute (does it fall below
+#                                           # its start?), and D1S-C without the recipes' skip_steps_without_signal
 #   bash benchmarks/credit.sh all           # tuning, choose, race, steps, arith2digit, flat
 #   bash benchmarks/credit.sh report        # once every run is in (it refuses, naming the runs missing, before):
 #                                           # every campaign's compare.md, compare.json and plots again with this
@@ -189,7 +189,7 @@ arith2digit() {
         --reference "$(reference)" --config arith-2digit --heldout_size 500 --budget_points 10
 }
 
-flat() {  # the shipped setting on the flat-start task against GRPO at its compute, and without the recipe's step skip
+flat() {  # D1S-C with the recipes' step skip on the flat-start task against GRPO at its compute, and without it
     local d
     d=$(tuned d1s-c)
     compare_by_seed "$RESULTS/credit-flat" $flat_seeds \

@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     gpu = torch.cuda.is_available()
     config = D3SConfig(
         # D1S-C: keep the rollouts of the generation batch whose advantages have the largest variance (N = 8 of
-        # G = 32, scaled to your G: 4 of 16), constant, and train on all their tokens. It is the variant the `d3s`
-        # command runs by default, chosen because it beat GRPO at GRPO's compute on a 135M model on CPU arithmetic;
-        # provisional: untested at GPU scale and with long completions (README, "Which variant should I use?").
+        # G = 32, scaled to your G: 4 of 16), constant, and train on all their tokens. On a 135M model on CPU
+        # arithmetic it was not shown to beat a tuned GRPO at GRPO's compute; untested at GPU scale and with long
+        # completions: run GRPO at the same compute beside it (README, "Which variant should I use?").
         # The paper's D3S is variant="d3s" (it also cuts tokens: K 5% -> 20%).
         variant="d1s-c",
         output_dir=args.output_dir,

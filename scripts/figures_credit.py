@@ -175,33 +175,58 @@ def credit_below_start(root: Path, variant_prefix: str) -> list[str]:
     return found
 
 
-def credit_outcome(root: Path) -> dict:
-    """The rule of benchmarks/results/credit-rule.md applied to the controls' races (both finished)."""
+def cannot_be_shown(folder: str) -> bool:
+    """Whether a race's planned seeds are too few for any of its differences to be shown, whatever its runs say: the
+    exact sign-flip p-value of n seeds is at least 2/2^n, and "shown" needs it (Holm-corrected or not) below 0.05
+    (arith-2digit's 5 seeds: 2/32 = 0.0625)."""
+    return 2 / 2 ** CREDIT_RACES[folder][1] >= 0.05
+
+
+def credit_outcome(root: Path) -> dict | None:
+    """The rule of benchmarks/results/credit-rule.md applied to the controls' races, once no run still to come can
+    change it: every race finished, or the unfinished ones unable to show any difference at their planned seeds
+    (their comparisons are then all "not shown") while no arm beat tuned GRPO on the finished ones (a winner's
+    runs on arith-2digit and the flat-start task must all be in, to see whether it fell below its start). None until
+    then. `pending`: the races and runs still to come."""
     vs_grpo: dict[str, list[str]] = {}
-    selection, fewer = [], []
+    selection, fewer, pending = [], [], []
     for folder in CREDIT_RACES:
+        if not credit_race_finished(root, folder):
+            if not cannot_be_shown(folder):
+                return None
+            pending.append(folder)
+            for words in (selection, fewer, *vs_grpo.values()):
+                words.append("not shown")
+            continue
         c = _compare(root, folder)
         roles, tests = credit_roles(c), arm_tests(c, "budget")
         for role, v in roles.items():
             if role != "grpo":
                 b = c["variants"][v]["budget"]
-                vs_grpo.setdefault(role, []).append(_word(b["diff_at_budget_ci"], tests[v]["p_value_holm"]))
+                vs_grpo.setdefault(role, ["not shown"] * len(pending)).append(
+                    _word(b["diff_at_budget_ci"], tests[v]["p_value_holm"]))
         selection.append(credit_against(c, roles["d1s-c"], roles["random"]))
         fewer.append(credit_against(c, roles["d1s-c"], roles["small-g"]))
+    if not vs_grpo:
+        return None
     beats = {role: credit_summary(words) == "beat" for role, words in vs_grpo.items()}
-    collapsed = credit_below_start(root, "d1s-c")
+    finished = credit_finished(root)
+    if not finished and beats.get("d1s-c"):
+        return None
+    collapsed = credit_below_start(root, "d1s-c") if finished else []
     ships = "d1s-c" if beats.get("d1s-c") and not collapsed else "grpo"
     return {"beats": beats, "selection": credit_summary(selection), "fewer": credit_summary(fewer), "ships": ships,
             "collapsed": collapsed, "d1s_c_beats": beats.get("d1s-c", False),
-            "grpo_collapsed": credit_below_start(root, "grpo")}
+            "grpo_collapsed": credit_below_start(root, "grpo") if finished else [], "pending": pending}
 
 
 def credit_shipped_setting(root: Path) -> dict | None:
-    """What the recipes run by the rule, once the controls are in: `{"variant", "learning_rate"}` (the arm's tuned
-    rate, `credit-tuning/choice.json`); None until then."""
-    if not credit_finished(root):
+    """What the recipes run by the rule, once no run still to come can change it (`credit_outcome`):
+    `{"variant", "learning_rate"}` (the arm's tuned rate, `credit-tuning/choice.json`); None until then."""
+    o = credit_outcome(root)
+    if o is None:
         return None
-    arm = credit_outcome(root)["ships"]
+    arm = o["ships"]
     choice = json.loads((root / RESULTS / "credit-tuning" / "choice.json").read_text())
     return {"variant": arm, "learning_rate": choice[arm]["learning_rate"]}
 
@@ -210,12 +235,12 @@ def credit_verdict(root: Path, prefix: str = "") -> str:
     """The README's first word on what buys D1S-C's gain: the rule's outcome once the controls' races are in, what is
     running until then."""
     rule = f"[the rule fixed before they ran]({prefix}{RESULTS}/credit-rule.md)"
-    if not credit_finished(root):
+    o = credit_outcome(root)
+    if o is None:
         return ("What buys D1S-C's gain is being tested: random selection of as many rollouts, GRPO generating only "
                 "what D1S-C trains on, and every arm at its own tuned learning rate, at tuned GRPO's compute "
                 f"(`bash benchmarks/credit.sh`, {rule}). Until they are in, the recipes' choice of D1S-C is "
                 "provisional.")
-    o = credit_outcome(root)
     winners = [CREDIT_ROLES[r] for r, won in o["beats"].items() if won]
     first = ("At tuned GRPO's compute, with every arm at its own tuned learning rate, "
              + (f"{' and '.join(winners)} beat tuned GRPO" if winners else "no arm beat tuned GRPO") + ". ")
@@ -229,6 +254,9 @@ def credit_verdict(root: Path, prefix: str = "") -> str:
         third = f"So the recipes run tuned GRPO ({rule})."
     if o["ships"] == "grpo" and o["grpo_collapsed"]:
         third += " Tuned GRPO too fell below its own start in " + ", ".join(o["grpo_collapsed"]) + "."
+    if o["pending"]:
+        third += "".join(f" The {CREDIT_RACES[f][0]} race ({CREDIT_RACES[f][1]} seeds) is still to run; with so few "
+                         "seeds no difference there can be shown, so it cannot change this." for f in o["pending"])
     return first + second + third
 
 
@@ -313,20 +341,21 @@ FLAT_RUNS = 9
 
 
 def collapse_flat(root: Path, prefix: str = "") -> str:
-    """docs/method.md's table of the flat-start task's runs (`benchmarks/credit.sh flat`): the shipped setting against
-    GRPO at its compute and without skipping the steps without signal, how each moved; a sentence until all are in."""
+    """docs/method.md's table of the flat-start task's runs (`benchmarks/credit.sh flat`): D1S-C with the recipes' step
+    skip against GRPO at its compute and without skipping the steps without signal, how each moved; a sentence until
+    all are in."""
     folder = root / RESULTS / "credit-flat"
     runs = sorted(p.parent for p in folder.glob("*-seed*/summary.json"))
     if len(runs) < FLAT_RUNS:
-        return ("The flat-start runs (`bash benchmarks/credit.sh flat`: 3 seeds of GRPO, of D1S-C as the recipes ship "
-                "it and of D1S-C without the step skip, at GRPO's compute) are not all in yet; this table is filled "
+        return ("The flat-start runs (`bash benchmarks/credit.sh flat`: 3 seeds of GRPO, of D1S-C with the recipes' step "
+                "skip and of D1S-C without the step skip, at GRPO's compute) are not all in yet; this table is filled "
                 "from them when they are.")
     c = json.loads((folder / "compare.json").read_text())
     label = {c["reference"]: "GRPO (the reference)"}
     groups = []
     for v in c["variants"]:
         name = label.get(v) or ("D1S-C without the step skip" if "skip_steps_without_signal=false" in v
-                                else "D1S-C as the recipes ship it")
+                                else "D1S-C with the recipes' step skip")
         groups.append((name, [run_dir(folder, v, s) for s in c["seeds"]]))
     unit = statistics.fmean(_run_dynamics(r)["summed_rate"] for r in groups[0][1])
     return (dynamics_table(groups, unit) + "\n\n"

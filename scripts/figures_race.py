@@ -9,8 +9,11 @@ import re
 import statistics
 from pathlib import Path
 
+import yaml
+
 from d3s.app.compare.stats import shown
 from d3s.app.machine import machine_label
+from d3s.app.recipe import RECIPES_DIR
 from d3s.app.runfiles import read_run_records
 from figures_common import FLOOR, RESULTS, _compare, _link, arm_tests, n_seeds, paired, paired_between, paired_family, pct, shown_rule
 from figures_campaigns import load_note, same_machine_ratio
@@ -277,6 +280,11 @@ def race_decision(root: Path, prefix: str = "") -> str:
         return rule + f"So far {figures}; decided when the {planned} are in."
     outcome = ("so the default recipe's variant is now D1S-C (`recipes/default.yaml`)." if decided == "d1s-c" else
                "so the default recipe stays D3S + floor (`recipes/default.yaml`).")
+    from figures_credit import credit_shipped_setting  # (figures_credit imports this module)
+
+    if credit_shipped_setting(root) is not None:  # a later rule, the controls', has decided since
+        outcome = (("so the default recipe's variant became D1S-C" if decided == "d1s-c" else
+                    "so the default recipe stayed D3S + floor") + "; the controls' rule (below) has decided since.")
     return rule + f"The result: {figures}; " + outcome
 
 
@@ -299,8 +307,11 @@ def first_command(root: Path, prefix: str = "") -> str:
             f"backward {ours['d3s/time/backward']:.1f} s"
     trainer = json.loads((folder / "run_config.json").read_text())
     mixed = trainer["trainer"].get("mixed_precision", "no")
+    ran, now = trainer["trainer"]["variant"], yaml.safe_load((RECIPES_DIR / "default.yaml").read_text())["variant"]
+    recipe = f"the default recipe ({ran.upper()})" if ran == now else \
+        f"the default recipe as it was then ({ran.upper()}; it now runs {now.upper()})"
     return (f"Measured from a clean clone with empty caches on one machine ({machine_label(trainer.get('machine'))}; "
-            f"{'fp32' if mixed == 'no' else mixed}), the default recipe ({trainer['trainer']['variant'].upper()}), "
+            f"{'fp32' if mixed == 'no' else mixed}), {recipe}, "
             f"the whole first command, setup and the one-time model conversion included, took "
             f"{float(walls['total']) / 60:.1f} minutes (setup {float(walls['setup']) / 60:.1f}, `d3s train` "
             f"{float(walls['d3s train']) / 60:.1f}, of which {summary['train_wall_s'] / 60:.1f} training): held-out "

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from figures_common import RESULTS, _compare, _link, arm_tests, paired, paired_between
-from figures_credit import (CREDIT_RACES, CREDIT_ROLES, _at_budget, _word, accuracy_cell, credit_finished,
-                            credit_roles, credit_verdict)
+from figures_credit import (CREDIT_RACES, CREDIT_ROLES, _at_budget, _word, accuracy_cell, credit_outcome,
+                            credit_race_finished, credit_roles, credit_verdict)
 from figures_race import race_has_data, race_table_short
 
 WHAT = ("`d3s` adds the down-sampling of D3S, Dynamic Dual-Level Down-Sampling "
@@ -35,7 +35,7 @@ def readme_lead(root: Path, prefix: str = "") -> str:
     """The README's first paragraph: what d3s does, then the controls' verdict once they are in
     (`credit_verdict`: whether any arm beat tuned GRPO, whether max-variance selection beat random selection,
     which setting the recipes run and why); until then the first race's result for D1S-C and what is being tested."""
-    if credit_finished(root):
+    if credit_outcome(root) is not None:
         return WHAT + " " + credit_verdict(root, prefix)
     rule = f"[fixed before they ran]({prefix}{RESULTS}/credit-rule.md)"
     races = [f for f in FIRST_RACE if race_has_data(root, f)]
@@ -53,7 +53,7 @@ def readme_results(root: Path, prefix: str = "") -> str:
     """The README's figure and table: the first race (every variant at GRPO's compute) until the controls are in;
     then both controls' races, one row per arm at its tuned rate paired against tuned GRPO (Holm over the arms of
     each task), and D1S-C against random selection per task (one comparison each)."""
-    if not credit_finished(root):
+    if credit_outcome(root) is None:
         return "\n".join([
             f"![Held-out accuracy against the share of GRPO's compute, default task]({prefix}{RESULTS}/race-default/"
             "compare-budget.png)",
@@ -67,7 +67,9 @@ def readme_results(root: Path, prefix: str = "") -> str:
             "The figure is the default task (1-digit arithmetic): held-out accuracy against the share of GRPO's "
             "compute spent, thin lines one seed each."])
     head, rule, cells, against = ["| arm"], ["|---"], {role: [] for role in CREDIT_ROLES}, []
-    for folder, (task, _, _) in CREDIT_RACES.items():
+    finished = [f for f in CREDIT_RACES if credit_race_finished(root, f)]
+    for folder in finished:
+        task = CREDIT_RACES[folder][0]
         c = _compare(root, folder)
         roles, tests = credit_roles(c), arm_tests(c, "budget")
         head.append(f" {task.removeprefix('the ')} ({len(c['seeds'])} seeds) | vs tuned GRPO, paired")
@@ -94,7 +96,9 @@ def readme_results(root: Path, prefix: str = "") -> str:
               "paired by seed, \"not shown\" unless its interval excludes zero and its Holm-corrected sign-flip test "
               f"agrees ([terms]({prefix}docs/results.md#terms)). D1S-C against random selection of as many rollouts, "
               "paired, one comparison per task: " + "; ".join(against) + ". Sources: "
-              + ", ".join(_link(f, prefix) for f in CREDIT_RACES) + ".",
+              + ", ".join(_link(f, prefix) for f in finished) + "."
+              + "".join(f" {CREDIT_RACES[f][0].capitalize()} ({CREDIT_RACES[f][1]} seeds) is still to run."
+                        for f in CREDIT_RACES if f not in finished),
               "",
               "The figure is the default task (1-digit arithmetic): held-out accuracy against the share of tuned "
               "GRPO's compute spent, thin lines one seed each."]

@@ -216,7 +216,8 @@ def test_help_lists_fields(capsys):
 
 
 @pytest.mark.parametrize("argv,added", [
-    ([], {}),  # d1s-c: the recipe's floor is inert without a token cut
+    ([], {}),  # grpo: the recipe's floor is inert without a token cut
+    (["--variant", "d1s-c"], {}),
     (["--variant", "d3s"], {"recipe": {"min_tokens_per_rollout": 4}}),
     (["--variant", "d3s", "--min_tokens_per_rollout", "0"], {}),  # the paper's D3S
     (["--variant", "d3s", "--token_cut", "sign"], {"recipe": {"min_tokens_per_rollout": 4},

@@ -28,7 +28,7 @@ def test_the_trl_example_trains_a_tiny_model_on_a_cpu(tmp_path, monkeypatch):
     assert (out / "model.safetensors").is_file()
 
 
-def test_the_trl_example_uses_the_recommended_variant():
+def test_the_trl_example_turns_on_d1s_c():
     text = (ROOT / "examples" / "trl_grpo.py").read_text()
     assert 'variant="d1s-c"' in text
 

@@ -371,10 +371,12 @@ def test_options_a_run_cannot_use_are_no_reason_to_retrain_it():
                                                     "token_selection: True -> False", "variant: 'd3s' -> 'grpo'"]
 
 
-def test_the_default_recipe_runs_d1s_c_and_d3s_with_the_floor_or_the_paper_cut_is_one_flag_away():
+def test_the_default_recipe_runs_grpo_and_d1s_c_d3s_with_the_floor_or_the_paper_cut_are_one_flag_away():
     from d3s.app.recipe import parse_train_args
 
     _, config, _ = parse_train_args([])
+    assert config.variant == "grpo" and not config.token_selection and config.sample_selection == "none"
+    _, config, _ = parse_train_args(["--variant", "d1s-c"])
     assert config.variant == "d1s-c" and not config.token_selection  # the floor is inert there
     assert config.d3s_settings == d3s.VARIANTS["d1s-c"].replace(num_generations=16, n_init=4, n_final=4, k_init=1.0,
                                                                  k_final=1.0, min_tokens_per_rollout=4)
