@@ -242,7 +242,8 @@ def credit_verdict(root: Path, prefix: str = "") -> str:
                 f"(`bash benchmarks/credit.sh`, {rule}). Until they are in, the recipes' choice of D1S-C is "
                 "provisional.")
     winners = [CREDIT_ROLES[r] for r, won in o["beats"].items() if won]
-    first = ("At tuned GRPO's compute, with every arm at its own tuned learning rate, "
+    first = ("On a 135M model learning arithmetic, at the compute of a GRPO whose learning rate was tuned (every arm "
+             "at its own tuned rate), "
              + (f"{' and '.join(winners)} beat tuned GRPO" if winners else "no arm beat tuned GRPO") + ". ")
     second = f"Max-variance selection {o['selection']} random selection of as many rollouts. "
     if o["ships"] == "d1s-c":

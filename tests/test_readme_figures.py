@@ -360,7 +360,8 @@ def test_the_controls_verdict_says_what_is_running_until_both_races_are_in(tmp_p
 def test_the_controls_verdict_credits_the_selection_only_against_its_controls(tmp_path):
     _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)
     text = figures.credit_verdict(tmp_path)
-    assert text.startswith("At tuned GRPO's compute, with every arm at its own tuned learning rate, D1S-C beat tuned GRPO.")
+    assert text.startswith("On a 135M model learning arithmetic, at the compute of a GRPO whose learning rate was "
+                           "tuned (every arm at its own tuned rate), D1S-C beat tuned GRPO.")
     assert "Max-variance selection beat random selection of as many rollouts." in text
     assert "So the recipes run D1S-C at its tuned rate" in text
 
@@ -375,7 +376,8 @@ def test_when_random_selection_does_as_well_the_selection_gets_no_credit(tmp_pat
 def test_no_arm_above_tuned_grpo_ships_grpo_and_says_so_first(tmp_path):
     _credit_races(tmp_path, d1s_c_gain=0.0, random_gain=0.0)
     text = figures.credit_verdict(tmp_path)
-    assert text.startswith("At tuned GRPO's compute, with every arm at its own tuned learning rate, no arm beat tuned GRPO.")
+    assert text.startswith("On a 135M model learning arithmetic, at the compute of a GRPO whose learning rate was "
+                           "tuned (every arm at its own tuned rate), no arm beat tuned GRPO.")
     assert "So the recipes run tuned GRPO" in text
 
 
@@ -572,12 +574,14 @@ def test_a_race_too_small_to_show_anything_does_not_hold_up_the_verdict_it_canno
     assert o["ships"] == "grpo" and not any(o["beats"].values()) and o["pending"] == ["credit-race-arith2digit"]
     assert figures.credit_shipped_setting(tmp_path) == {"variant": "grpo", "learning_rate": 6e-05}
     text = figures.credit_verdict(tmp_path)
-    assert text.startswith("At tuned GRPO's compute, with every arm at its own tuned learning rate, no arm beat tuned GRPO.")
-    assert text.endswith("The arith-2digit race (5 seeds) is still to run; with so few seeds no difference there can be "
-                         "shown, so it cannot change this.")
+    assert text.startswith("On a 135M model learning arithmetic, at the compute of a GRPO whose learning rate was "
+                           "tuned (every arm at its own tuned rate), no arm beat tuned GRPO.")
+    assert text.endswith("The arith-2digit race (5 seeds) is still to run; with so few seeds no difference there "
+                         "can be shown, so it cannot change this.")
     assert figures.readme_lead(tmp_path) == figures.WHAT + " " + text
     results = figures.readme_results(tmp_path)
-    assert "| arm | default task (8 seeds) | vs tuned GRPO, paired |" in results and "Arith-2digit (5 seeds) is still to run." in results
+    assert "| arm | default task (8 seeds) | vs tuned GRPO, paired |" in results
+    assert "Arith-2digit (5 seeds) is still to run." in results
     assert "credit-race-arith2digit/" not in results
 
 
