@@ -7,7 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
-from d3s.app.compare.stats import shown, sign_flip_p_value
+from d3s.app.compare.stats import ALPHA, shown, sign_flip_p_value
 from d3s.app.compare.summary import run_dir
 from d3s.app.intervals import mean_interval
 from d3s.app.runfiles import read_run_records
@@ -177,9 +177,9 @@ def credit_below_start(root: Path, variant_prefix: str) -> list[str]:
 
 def cannot_be_shown(folder: str) -> bool:
     """Whether a race's planned seeds are too few for any of its differences to be shown, whatever its runs say: the
-    exact sign-flip p-value of n seeds is at least 2/2^n, and "shown" needs it (Holm-corrected or not) below 0.05
+    exact sign-flip p-value of n seeds is at least 2/2^n, and "shown" needs it (Holm-corrected or not) below ALPHA
     (arith-2digit's 5 seeds: 2/32 = 0.0625)."""
-    return 2 / 2 ** CREDIT_RACES[folder][1] >= 0.05
+    return 2 / 2 ** CREDIT_RACES[folder][1] >= ALPHA
 
 
 def credit_outcome(root: Path) -> dict | None:
