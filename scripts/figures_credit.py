@@ -217,7 +217,8 @@ def credit_outcome(root: Path) -> dict | None:
     ships = "d1s-c" if beats.get("d1s-c") and not collapsed else "grpo"
     return {"beats": beats, "selection": credit_summary(selection), "fewer": credit_summary(fewer), "ships": ships,
             "collapsed": collapsed, "d1s_c_beats": beats.get("d1s-c", False),
-            "grpo_collapsed": credit_below_start(root, "grpo") if finished else [], "pending": pending}
+            # the shipped arm's fall is said as soon as a run shows it, not only once every run is in
+            "grpo_collapsed": credit_below_start(root, "grpo"), "pending": pending}
 
 
 def credit_shipped_setting(root: Path) -> dict | None:

@@ -585,6 +585,21 @@ def test_a_race_too_small_to_show_anything_does_not_hold_up_the_verdict_it_canno
     assert "credit-race-arith2digit/" not in results
 
 
+def test_the_shipped_grpo_falling_below_its_start_is_said_before_the_last_race_is_in(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.0, random_gain=0.0)
+    shutil.rmtree(tmp_path / figures.RESULTS / "credit-race-arith2digit")
+    (tmp_path / figures.RESULTS / "credit-tuning").mkdir(parents=True)
+    (tmp_path / figures.RESULTS / "credit-tuning" / "choice.json").write_text(
+        json.dumps({"grpo": {"learning_rate": 3e-05}, "d1s-c": {"learning_rate": 3e-05}}))
+    flat = tmp_path / figures.RESULTS / "credit-flat"
+    assert "fell below its own start" not in figures.credit_verdict(tmp_path)
+    (flat / f"{GRPO}-seed22" / "summary.json").write_text(json.dumps({"below_start": [{"step": 4}]}))
+    o = figures.credit_outcome(tmp_path)
+    assert o["ships"] == "grpo" and o["pending"] == ["credit-race-arith2digit"]
+    assert o["grpo_collapsed"] == [f"credit-flat/{GRPO}-seed22"]
+    assert f"Tuned GRPO too fell below its own start in credit-flat/{GRPO}-seed22." in figures.credit_verdict(tmp_path)
+
+
 def test_a_winner_waits_for_every_run_and_a_race_that_could_show_a_difference_is_waited_for(tmp_path, monkeypatch):
     _credit_races(tmp_path, d1s_c_gain=0.10, random_gain=0.0)  # D1S-C above on the default task
     shutil.rmtree(tmp_path / figures.RESULTS / "credit-race-arith2digit")
