@@ -274,18 +274,22 @@ def _run_dynamics(run: Path) -> dict:
     def mean(key: str, rows: list[dict]) -> float:
         return statistics.fmean(r[key] for r in rows)
 
+    summary = json.loads((run / "summary.json").read_text())
     return {"steps": len(train), "summed_rate": sum(r["learning_rate"] for r in train),
             "clipped": statistics.fmean(r["grad_norm"] > max_norm for r in train),
             "no_signal": mean("d3s/no_signal_step", train),
+            "moved_without_signal": statistics.fmean(bool(r["d3s/no_signal_step"] and r.get("d3s/weights_moved"))
+                                                     for r in train),
             "truncated": (mean("completions/clipped_ratio", train[:5]), mean("completions/clipped_ratio", train[-5:])),
             "length": (mean("completions/mean_length", train[:5]), mean("completions/mean_length", train[-5:])),
             "start": evals[0], "lowest": min(evals), "final": evals[-1],
-            "below_start": bool(json.loads((run / "summary.json").read_text()).get("below_start"))}
+            "below_start": bool(summary.get("below_start")), "budget": summary.get("budget")}
 
 
-def dynamics_table(groups: list[tuple[str, list[Path]]], unit: float) -> str:
+def dynamics_table(groups: list[tuple[str, list[Path]]], unit: float, moved: bool = False) -> str:
     """One row per group of runs (a label and its seeds' run folders): how each moved, the summed learning rate in
-    `unit`s (the summed rate of the recipe's GRPO run)."""
+    `unit`s (the summed rate of the recipe's GRPO run); with `moved`, the share of steps without signal on which the
+    optimizer still moved the weights, counted over all steps."""
     rows = []
     for label, runs in groups:
         d = [_run_dynamics(r) for r in runs]
@@ -295,14 +299,16 @@ def dynamics_table(groups: list[tuple[str, list[Path]]], unit: float) -> str:
             f"| {label} | {' / '.join(str(x['steps']) for x in d)} | "
             f"{statistics.fmean(x['summed_rate'] for x in d) / unit:.1f}x | "
             f"{pct(statistics.fmean(x['clipped'] for x in d))} | {pct(statistics.fmean(x['no_signal'] for x in d))} | "
+            + (f"{pct(statistics.fmean(x['moved_without_signal'] for x in d))} | " if moved else "") +
             f"{first_last('truncated', pct)} | {first_last('length', lambda v: f'{v:.0f}')} | "
             f"{' / '.join(pct(x['final']) for x in d)} | {' / '.join(pct(x['lowest']) for x in d)} | "
             f"{sum(x['below_start'] for x in d)} of {len(d)} |")
     return "\n".join([
-        "| arm, rate | steps (per seed) | summed rate | steps clipped | steps without signal | truncated "
-        "(first 5 -> last 5 steps) | completion tokens (first 5 -> last 5) | held-out final | held-out lowest "
-        "| fell below start |",
-        "|---|---|---|---|---|---|---|---|---|---|", *rows])
+        "| arm, rate | steps (per seed) | summed rate | steps clipped | steps without signal | "
+        + ("steps without signal that moved the weights | " if moved else "") +
+        "truncated (first 5 -> last 5 steps) | completion tokens (first 5 -> last 5) | held-out final | held-out "
+        "lowest | fell below start |",
+        "|---|---|---|---|---|" + ("---|" if moved else "") + "---|---|---|---|---|", *rows])
 
 
 TUNING_RATES = {"1x": 1.0, "2x": 2.0, "4x": 4.0}
@@ -360,6 +366,17 @@ def collapse_flat(root: Path, prefix: str = "") -> str:
                                 else "D1S-C with the recipes' step skip")
         groups.append((name, [run_dir(folder, v, s) for s in c["seeds"]]))
     unit = statistics.fmean(_run_dynamics(r)["summed_rate"] for r in groups[0][1])
-    return (dynamics_table(groups, unit) + "\n\n"
+    short = []  # a run that reached its step cap before spending the budget
+    for name, runs in groups:
+        for run in runs:
+            d = _run_dynamics(run)
+            if d["budget"] and d["budget"].get("stopped_by") == "max_steps":
+                short.append(f"{name} seed {run.name.rsplit('-seed', 1)[1]} reached its step cap ({d['steps']} "
+                             f"steps) after {pct(d['budget']['share'])} of GRPO's compute")
+    starts = {pct(_run_dynamics(r)["start"]) for _, runs in groups for r in runs}
+    return (dynamics_table(groups, unit, moved=True) + "\n\n"
             f"The flat-start task (3 terms of 1 digit), seeds {', '.join(map(str, c['seeds']))}, every arm at GRPO's "
-            "compute. Summed rate in units of the GRPO runs'. Source: " + _link("credit-flat", prefix) + ".")
+            f"compute; every run started at {' or '.join(sorted(starts))} held-out accuracy"
+            + (f" ({'; '.join(short)})" if short else "") + ". Summed rate in units of the GRPO runs'. Steps "
+            "without signal that moved the weights: over all steps (0 where they are skipped). Source: "
+            + _link("credit-flat", prefix) + ".")

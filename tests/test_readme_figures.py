@@ -392,16 +392,19 @@ def test_a_winner_that_fell_below_its_start_does_not_ship(tmp_path):
 # --- the course of a run: docs/method.md's table of what the runs that fell below their start did ---------------
 
 def _run_course(run: Path, rates: list[float], norms: list[float], flat: list[int], clipped: list[float],
-                lengths: list[float], accuracies: list[float], below: bool) -> None:
+                lengths: list[float], accuracies: list[float], below: bool, moved: bool = False,
+                budget: dict | None = None) -> None:
     run.mkdir(parents=True)
     records = [{"type": "eval", "step": 0, "accuracy": accuracies[0]}]
     for i, (rate, norm, f, c, n) in enumerate(zip(rates, norms, flat, clipped, lengths), 1):
         records.append({"type": "train", "step": i, "learning_rate": rate, "grad_norm": norm, "d3s/no_signal_step": f,
-                        "completions/clipped_ratio": c, "completions/mean_length": n})
+                        "completions/clipped_ratio": c, "completions/mean_length": n,
+                        "d3s/weights_moved": 1.0 if moved or not f else 0.0})
     records += [{"type": "eval", "step": len(rates), "accuracy": a} for a in accuracies[1:]]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run / "run_config.json").write_text(json.dumps({"trainer": {"max_grad_norm": 1.0, "learning_rate": rates[0]}}))
-    (run / "summary.json").write_text(json.dumps({"below_start": [{"step": len(rates)}] if below else []}))
+    (run / "summary.json").write_text(json.dumps({"below_start": [{"step": len(rates)}] if below else [],
+                                                  **({"budget": budget} if budget else {})}))
 
 
 def test_the_course_table_sums_the_rate_and_counts_clipped_and_signal_free_steps(tmp_path):
@@ -447,12 +450,24 @@ def test_the_flat_start_table_waits_for_every_run_then_names_each_arm(tmp_path):
     (folder / "compare.json").write_text(json.dumps({"reference": "grpo", "seeds": [21, 22, 23],
                                                      "variants": {v: {} for v in variants}}))
     assert "not all in yet" in figures.collapse_flat(tmp_path)
+    # the last run: every step without signal, 10 of its 15 moving the weights; it reached its step cap early
     _run_course(folder / f"{variants[2]}-seed23", [1e-5] * 15, [2.0] * 15, [1] * 15, [0.1] * 15, [20.0] * 15,
-                [0.1, 0.0], below=True)
-    rows = figures.collapse_flat(tmp_path).splitlines()[2:5]
-    assert rows[0].startswith("| GRPO (the reference) | 5 / 5 / 5 | 1.0x |") and rows[0].endswith("| 0 of 3 |")
+                [0.1, 0.0], below=True, moved=True, budget={"share": 0.875, "stopped_by": "max_steps"})
+    records = [json.loads(line) for line in (folder / f"{variants[2]}-seed23" / "metrics.jsonl").open()]
+    for r in records[1:6]:
+        r["d3s/weights_moved"] = 0.0
+    (folder / f"{variants[2]}-seed23" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    text = figures.collapse_flat(tmp_path)
+    header, rows = text.splitlines()[0], text.splitlines()[2:5]
+    assert "| steps without signal | steps without signal that moved the weights |" in header
+    assert rows[0].startswith("| GRPO (the reference) | 5 / 5 / 5 | 1.0x | 100.0% | 0.0% | 0.0% |")
+    assert rows[0].endswith("| 0 of 3 |")
     assert rows[1].startswith("| D1S-C with the recipes' step skip | 10 / 10 / 10 | 2.0x |")
-    assert rows[2].startswith("| D1S-C without the step skip | 15 / 15 / 15 | 3.0x |") and rows[2].endswith("| 3 of 3 |")
+    # seeds 21 and 22: 10 steps, none without signal; seed 23: 15 without signal, 10 moved
+    assert rows[2].startswith("| D1S-C without the step skip | 15 / 15 / 15 | 3.0x | 100.0% | 33.3% | 22.2% |")
+    assert rows[2].endswith("| 3 of 3 |")
+    assert "every run started at 10.0% held-out accuracy (D1S-C without the step skip seed 23 reached its step " \
+           "cap (15 steps) after 87.5% of GRPO's compute)." in text
 
 
 def test_a_controls_table_waits_for_its_race_then_tests_d1s_c_against_each_control(tmp_path):
