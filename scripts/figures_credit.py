@@ -374,9 +374,29 @@ def collapse_flat(root: Path, prefix: str = "") -> str:
                 short.append(f"{name} seed {run.name.rsplit('-seed', 1)[1]} reached its step cap ({d['steps']} "
                              f"steps) after {pct(d['budget']['share'])} of GRPO's compute")
     starts = {pct(_run_dynamics(r)["start"]) for _, runs in groups for r in runs}
+    falls = []  # each run's first evaluation below its start, with what its report said the run had seen
+    for name, runs in groups:
+        for run in runs:
+            below = json.loads((run / "summary.json").read_text()).get("below_start") or []
+            if below:
+                b = below[0]
+                falls.append(f"{name} seed {run.name.rsplit('-seed', 1)[1]} at step {b['step']} ({pct(b['accuracy'])}; "
+                             f"until then {pct(b['no_signal_share'])} of its steps without signal, "
+                             f"{pct(b['truncation_rate'])} of completions truncated, "
+                             f"{b['completion_length']:.0f} tokens a completion)")
+    at_budget = []
+    for name, runs in groups:
+        v = next(v for v in c["variants"] if run_dir(folder, v, c["seeds"][0]) == runs[0])
+        accs = _at_budget(c, v)
+        b = c["variants"][v]["budget"]
+        at_budget.append(pct(statistics.fmean(accs)) if v == c["reference"] else
+                         f"{name} {pct(statistics.fmean(accs))} "
+                         f"({paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'], b.get('p_value_holm'))})")
     return (dynamics_table(groups, unit, moved=True) + "\n\n"
             f"The flat-start task (3 terms of 1 digit), seeds {', '.join(map(str, c['seeds']))}, every arm at GRPO's "
             f"compute; every run started at {' or '.join(sorted(starts))} held-out accuracy"
             + (f" ({'; '.join(short)})" if short else "") + ". Summed rate in units of the GRPO runs'. Steps "
-            "without signal that moved the weights: over all steps (0 where they are skipped). Source: "
-            + _link("credit-flat", prefix) + ".")
+            "without signal that moved the weights: over all steps (0 where they are skipped). "
+            + (f"First below its start: {'; '.join(falls)}. " if falls else "No run fell below its start. ")
+            + f"At GRPO's compute, paired by seed (Holm over the arms): GRPO {at_budget[0]}; "
+            + "; ".join(at_budget[1:]) + ". Source: " + _link("credit-flat", prefix) + ".")

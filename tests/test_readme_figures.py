@@ -5,6 +5,7 @@ import importlib.util
 import json
 import re
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -403,7 +404,9 @@ def _run_course(run: Path, rates: list[float], norms: list[float], flat: list[in
     records += [{"type": "eval", "step": len(rates), "accuracy": a} for a in accuracies[1:]]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run / "run_config.json").write_text(json.dumps({"trainer": {"max_grad_norm": 1.0, "learning_rate": rates[0]}}))
-    (run / "summary.json").write_text(json.dumps({"below_start": [{"step": len(rates)}] if below else [],
+    fall = {"step": len(rates), "accuracy": accuracies[-1], "no_signal_share": statistics.fmean(flat),
+            "truncation_rate": statistics.fmean(clipped), "completion_length": statistics.fmean(lengths)}
+    (run / "summary.json").write_text(json.dumps({"below_start": [fall] if below else [],
                                                   **({"budget": budget} if budget else {})}))
 
 
@@ -447,8 +450,12 @@ def test_the_flat_start_table_waits_for_every_run_then_names_each_arm(tmp_path):
             if (v, s) != (variants[2], 23):
                 _run_course(folder / f"{v}-seed{s}", [1e-5] * 5 * (i + 1), [2.0] * 5 * (i + 1), [0] * 5 * (i + 1),
                             [0.1] * 5 * (i + 1), [20.0] * 5 * (i + 1), [0.1, 0.2 - 0.1 * i], below=i == 2)
-    (folder / "compare.json").write_text(json.dumps({"reference": "grpo", "seeds": [21, 22, 23],
-                                                     "variants": {v: {} for v in variants}}))
+    at_budget = {"grpo": [0.1, 0.1, 0.1], "d1s-c": [0.2, 0.15, 0.1], variants[2]: [0.0, 0.05, 0.1]}
+    (folder / "compare.json").write_text(json.dumps({"reference": "grpo", "seeds": [21, 22, 23], "variants": {
+        v: {"budget": {"per_seed": {str(s): {"accuracy_at_budget": a} for s, a in zip((21, 22, 23), at_budget[v])},
+                       "diff_at_budget_mean": statistics.fmean(at_budget[v]) - 0.1, "diff_at_budget_ci": ci,
+                       "p_value_holm": p}}
+        for v, ci, p in (("grpo", None, None), ("d1s-c", [0.01, 0.09], 0.25), (variants[2], [-0.2, 0.1], 1.0))}}))
     assert "not all in yet" in figures.collapse_flat(tmp_path)
     # the last run: every step without signal, 10 of its 15 moving the weights; it reached its step cap early
     _run_course(folder / f"{variants[2]}-seed23", [1e-5] * 15, [2.0] * 15, [1] * 15, [0.1] * 15, [20.0] * 15,
@@ -468,6 +475,14 @@ def test_the_flat_start_table_waits_for_every_run_then_names_each_arm(tmp_path):
     assert rows[2].endswith("| 3 of 3 |")
     assert "every run started at 10.0% held-out accuracy (D1S-C without the step skip seed 23 reached its step " \
            "cap (15 steps) after 87.5% of GRPO's compute)." in text
+    # every run of the last arm fell: seed 23's report, all its 15 steps without signal, 10% truncated, 20 tokens
+    assert "First below its start: D1S-C without the step skip seed 21 at step 15 (0.0%; " in text
+    assert ("D1S-C without the step skip seed 23 at step 15 (0.0%; until then 100.0% of its steps without signal, "
+            "10.0% of completions truncated, 20 tokens a completion).") in text
+    # the interval excludes zero but the corrected p does not agree: not shown
+    assert ("At GRPO's compute, paired by seed (Holm over the arms): GRPO 10.0%; D1S-C with the recipes' step skip "
+            "15.0% (+5.0 points [+1.0, +9.0], not shown (corrected p = 0.25)); D1S-C without the step skip 5.0% "
+            "(-5.0 points [-20.0, +10.0], not shown).") in text
 
 
 def test_a_controls_table_waits_for_its_race_then_tests_d1s_c_against_each_control(tmp_path):
