@@ -283,7 +283,8 @@ def _run_dynamics(run: Path) -> dict:
             "truncated": (mean("completions/clipped_ratio", train[:5]), mean("completions/clipped_ratio", train[-5:])),
             "length": (mean("completions/mean_length", train[:5]), mean("completions/mean_length", train[-5:])),
             "start": evals[0], "lowest": min(evals), "final": evals[-1],
-            "below_start": bool(summary.get("below_start")), "budget": summary.get("budget")}
+            "below_start": bool(summary.get("below_start")),
+            "first_below_start": (summary.get("below_start") or [None])[0], "budget": summary.get("budget")}
 
 
 def dynamics_table(groups: list[tuple[str, list[Path]]], unit: float, moved: bool = False) -> str:
@@ -360,38 +361,31 @@ def collapse_flat(root: Path, prefix: str = "") -> str:
                 "from them when they are.")
     c = json.loads((folder / "compare.json").read_text())
     label = {c["reference"]: "GRPO (the reference)"}
-    groups = []
+    groups, at_budget, short, falls, starts = [], [], [], [], set()
     for v in c["variants"]:
         name = label.get(v) or ("D1S-C without the step skip" if "skip_steps_without_signal=false" in v
                                 else "D1S-C with the recipes' step skip")
-        groups.append((name, [run_dir(folder, v, s) for s in c["seeds"]]))
-    unit = statistics.fmean(_run_dynamics(r)["summed_rate"] for r in groups[0][1])
-    short = []  # a run that reached its step cap before spending the budget
-    for name, runs in groups:
-        for run in runs:
-            d = _run_dynamics(run)
-            if d["budget"] and d["budget"].get("stopped_by") == "max_steps":
-                short.append(f"{name} seed {run.name.rsplit('-seed', 1)[1]} reached its step cap ({d['steps']} "
-                             f"steps) after {pct(d['budget']['share'])} of GRPO's compute")
-    starts = {pct(_run_dynamics(r)["start"]) for _, runs in groups for r in runs}
-    falls = []  # each run's first evaluation below its start, with what its report said the run had seen
-    for name, runs in groups:
-        for run in runs:
-            below = json.loads((run / "summary.json").read_text()).get("below_start") or []
-            if below:
-                b = below[0]
-                falls.append(f"{name} seed {run.name.rsplit('-seed', 1)[1]} at step {b['step']} ({pct(b['accuracy'])}; "
-                             f"until then {pct(b['no_signal_share'])} of its steps without signal, "
-                             f"{pct(b['truncation_rate'])} of completions truncated, "
-                             f"{b['completion_length']:.0f} tokens a completion)")
-    at_budget = []
-    for name, runs in groups:
-        v = next(v for v in c["variants"] if run_dir(folder, v, c["seeds"][0]) == runs[0])
-        accs = _at_budget(c, v)
+        runs = [run_dir(folder, v, s) for s in c["seeds"]]
+        groups.append((name, runs))
         b = c["variants"][v]["budget"]
-        at_budget.append(pct(statistics.fmean(accs)) if v == c["reference"] else
-                         f"{name} {pct(statistics.fmean(accs))} "
-                         f"({paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'], b.get('p_value_holm'))})")
+        mean = pct(statistics.fmean(_at_budget(c, v)))
+        if v == c["reference"]:
+            at_budget.append(mean)
+        else:
+            at_budget.append(f"{name} {mean} "
+                             f"({paired(b['diff_at_budget_mean'], b['diff_at_budget_ci'], b.get('p_value_holm'))})")
+        for seed, run in zip(c["seeds"], runs):
+            d = _run_dynamics(run)
+            starts.add(pct(d["start"]))
+            if d["budget"] and d["budget"].get("stopped_by") == "max_steps":  # the step cap came before the budget
+                short.append(f"{name} seed {seed} reached its step cap ({d['steps']} steps) after "
+                             f"{pct(d['budget']['share'])} of GRPO's compute")
+            if d["first_below_start"]:  # what the run's report said it had seen at its first fall
+                f = d["first_below_start"]
+                falls.append(f"{name} seed {seed} at step {f['step']} ({pct(f['accuracy'])}; until then "
+                             f"{pct(f['no_signal_share'])} of its steps without signal, {pct(f['truncation_rate'])} of "
+                             f"completions truncated, {f['completion_length']:.0f} tokens a completion)")
+    unit = statistics.fmean(_run_dynamics(r)["summed_rate"] for r in groups[0][1])
     return (dynamics_table(groups, unit, moved=True) + "\n\n"
             f"The flat-start task (3 terms of 1 digit), seeds {', '.join(map(str, c['seeds']))}, every arm at GRPO's "
             f"compute; every run started at {' or '.join(sorted(starts))} held-out accuracy"
