@@ -175,6 +175,25 @@ def credit_below_start(root: Path, variant_prefix: str) -> list[str]:
     return found
 
 
+def seeds_in(root: Path, folder: str) -> int:
+    """How many of an unfinished race's seeds hold a finished run (`summary.json`) of every arm: the arms its last
+    per-seed compare named (`benchmarks/credit.sh` compares each seed once its runs are in); 0 before the first."""
+    if not race_has_data(root, folder):
+        return 0
+    variants = _compare(root, folder)["variants"]
+    if len(variants) < CREDIT_RACES[folder][2]:
+        return 0
+    seeds = {s.parent.name.rsplit("-seed", 1)[1] for s in (root / RESULTS / folder).glob("*-seed*/summary.json")}
+    return sum(all((root / RESULTS / folder / f"{v}-seed{s}" / "summary.json").is_file() for v in variants)
+               for s in seeds)
+
+
+def still_to_run(root: Path, folder: str) -> str:
+    """An unfinished race, said as 'is still to run' or 'has 2 of its 5 seeds in'."""
+    n, planned = seeds_in(root, folder), CREDIT_RACES[folder][1]
+    return "is still to run" if n == 0 else f"has {n} of its {planned} seeds in"
+
+
 def cannot_be_shown(folder: str) -> bool:
     """Whether a race's planned seeds are too few for any of its differences to be shown, whatever its runs say: the
     exact sign-flip p-value of n seeds is at least 2/2^n, and "shown" needs it (Holm-corrected or not) below ALPHA
@@ -257,8 +276,8 @@ def credit_verdict(root: Path, prefix: str = "") -> str:
     if o["ships"] == "grpo" and o["grpo_collapsed"]:
         third += " Tuned GRPO too fell below its own start in " + ", ".join(o["grpo_collapsed"]) + "."
     if o["pending"]:
-        third += "".join(f" The {CREDIT_RACES[f][0]} race ({CREDIT_RACES[f][1]} seeds) is still to run; with so few "
-                         "seeds no difference there can be shown, so it cannot change this." for f in o["pending"])
+        third += "".join(f" The {CREDIT_RACES[f][0]} race ({CREDIT_RACES[f][1]} seeds) {still_to_run(root, f)}; with "
+                         "so few seeds no difference there can be shown, so it cannot change this." for f in o["pending"])
     return first + second + third
 
 

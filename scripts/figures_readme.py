@@ -9,7 +9,7 @@ from pathlib import Path
 
 from figures_common import RESULTS, _compare, _link, arm_tests, paired, paired_between
 from figures_credit import (CREDIT_RACES, CREDIT_ROLES, _at_budget, _word, accuracy_cell, credit_outcome,
-                            credit_race_finished, credit_roles, credit_verdict)
+                            credit_race_finished, credit_roles, credit_verdict, still_to_run)
 from figures_race import race_has_data, race_table_short
 
 WHAT = ("`d3s` adds the down-sampling of D3S, Dynamic Dual-Level Down-Sampling "
@@ -97,7 +97,7 @@ def readme_results(root: Path, prefix: str = "") -> str:
               f"agrees ([terms]({prefix}docs/results.md#terms)). D1S-C against random selection of as many rollouts, "
               "paired, one comparison per task: " + "; ".join(against) + ". Sources: "
               + ", ".join(_link(f, prefix) for f in finished) + "."
-              + "".join(f" {CREDIT_RACES[f][0].capitalize()} ({CREDIT_RACES[f][1]} seeds) is still to run."
+              + "".join(f" {CREDIT_RACES[f][0].capitalize()} ({CREDIT_RACES[f][1]} seeds) {still_to_run(root, f)}."
                         for f in CREDIT_RACES if f not in finished),
               "",
               "The figure is the default task (1-digit arithmetic): held-out accuracy against the share of tuned "

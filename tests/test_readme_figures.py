@@ -615,6 +615,33 @@ def test_a_race_too_small_to_show_anything_does_not_hold_up_the_verdict_it_canno
     assert "credit-race-arith2digit/" not in results
 
 
+def test_an_unfinished_race_says_how_many_of_its_seeds_have_every_arm_in(tmp_path):
+    _credit_races(tmp_path, d1s_c_gain=0.0, random_gain=0.0)
+    arith = tmp_path / figures.RESULTS / "credit-race-arith2digit"
+    shutil.rmtree(arith)
+    arith.mkdir()  # the compare of seed 21 alone (benchmarks/credit.sh compares each seed once its runs are in)
+    (arith / "compare.json").write_text(json.dumps({"mode": "budget", "reference": GRPO, "seeds": [21],
+                                                    "variants": {v: {} for v in (GRPO, D1SC, RANDOM, SMALL)}}))
+    for v in (GRPO, D1SC, RANDOM, SMALL):  # seed 21 complete; seed 22 only GRPO's run, seed 23 an unfinished one
+        (arith / f"{v}-seed21").mkdir()
+        (arith / f"{v}-seed21" / "summary.json").write_text(json.dumps({"below_start": []}))
+    (arith / f"{GRPO}-seed22").mkdir()
+    (arith / f"{GRPO}-seed22" / "summary.json").write_text(json.dumps({"below_start": []}))
+    (arith / f"{D1SC}-seed23").mkdir()
+    assert figures.seeds_in(tmp_path, "credit-race-arith2digit") == 1
+    assert figures.still_to_run(tmp_path, "credit-race-arith2digit") == "has 1 of its 5 seeds in"
+    assert figures.credit_verdict(tmp_path).endswith(
+        "The arith-2digit race (5 seeds) has 1 of its 5 seeds in; with so few seeds no difference there can be shown, "
+        "so it cannot change this.")
+    assert "Arith-2digit (5 seeds) has 1 of its 5 seeds in." in figures.readme_results(tmp_path)
+    for v in (D1SC, RANDOM, SMALL):
+        (arith / f"{v}-seed22").mkdir()
+        (arith / f"{v}-seed22" / "summary.json").write_text(json.dumps({"below_start": []}))
+    assert figures.still_to_run(tmp_path, "credit-race-arith2digit") == "has 2 of its 5 seeds in"
+    shutil.rmtree(arith)
+    assert figures.still_to_run(tmp_path, "credit-race-arith2digit") == "is still to run"
+
+
 def test_the_shipped_grpo_falling_below_its_start_is_said_before_the_last_race_is_in(tmp_path):
     _credit_races(tmp_path, d1s_c_gain=0.0, random_gain=0.0)
     shutil.rmtree(tmp_path / figures.RESULTS / "credit-race-arith2digit")
