@@ -19,11 +19,11 @@ whole data flow):
 7. The loss (`d3s.policy_loss`) divides by global counts over the generation batch (`loss_denominator`),
    so the update does not depend on how TRL splits the rows.
 
-Given the same kept rows and token mask, steps 4-6 change the cost, never the update (tested). What every pass
-computes: `positions` (`d3s_positions`, from which `d3s train` counts FLOPs). Metrics and step timing:
-`step_metrics`; the KL metric at beta = 0: `kl_monitor`; reward functions' outputs checked: `rewards`; the TRL
-methods overridden, called or read: `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`) scores TRL's full eval
-batch with TRL's objective.
+Steps 2-5 run in `selection`. Given the same kept rows and token mask, steps 4-6 change the cost, never the update
+(tested). What every pass computes: `positions` (`d3s_positions`, from which `d3s train` counts FLOPs). Metrics and
+step timing: `step_metrics`; the KL metric at beta = 0: `kl_monitor`; reward functions' outputs checked: `rewards`;
+the TRL methods overridden, called or read: `compat.PRIVATE_TRL_API`. Evaluation (`eval_strategy`) scores TRL's
+full eval batch with TRL's objective.
 """
 
 from __future__ import annotations
@@ -33,20 +33,19 @@ import contextlib
 import torch
 from transformers import ProcessorMixin
 
-from d3s.advantages import weighted_rewards, zero_where_flat
-from d3s.batch import deal_rows, loss_denominator
-from d3s.integrations.trl import optimizer_steps, passes, positions, prompts, step_metrics, token_mask
+from d3s.advantages import weighted_rewards
+from d3s.batch import loss_denominator
+from d3s.integrations.trl import optimizer_steps, passes, positions, prompts, selection, step_metrics, token_mask
 from d3s.integrations.trl.compat import GRPOTrainer, is_peft_model
 from d3s.integrations.trl.config import D3SConfig
 from d3s.integrations.trl.generation import (CountedPasses, DeferredPasses, GenerationEntropy, counted_rollout_func,
                                              shared_prefill_turn, turn_positions)
 from d3s.integrations.trl.kl_monitor import KLMonitor
 from d3s.integrations.trl.rewards import checked_reward_funcs
-from d3s.integrations.trl.rows import DEFERRED_KEYS, check_row_keys, loss_mask, take_rows
+from d3s.integrations.trl.rows import check_row_keys, loss_mask
 from d3s.integrations.trl.selective_head import add_selective_lm_head, selective_forward
 from d3s.loss import policy_loss
 from d3s.prompt_filter import flat_groups
-from d3s.rollout_selection import select_rollouts, selection_generator
 from d3s.schedule import generation_index, generation_progress, learning_rate_progress
 
 
@@ -200,104 +199,10 @@ class D3SGRPOTrainer(GRPOTrainer):
         return optimizer
 
     def _d3s_select(self, batch: dict, generation_entropies: torch.Tensor | None) -> dict:
-        """Rewards -> advantages -> rollouts kept -> every per-rollout pass for the kept ones -> token mask.
-
-        With nothing down-sampled, TRL's batch is returned unchanged and only the metrics are logged.
+        """Rewards -> advantages -> rollouts kept -> every per-rollout pass for the kept ones -> token mask
+        (`selection.select`). With nothing down-sampled, TRL's batch unchanged; only the metrics are logged.
         """
-        settings = self.args.d3s_settings
-        device = self.accelerator.device
-        G, P, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
-        metrics = self._metrics["train"]
-        progress = self.d3s_progress()
-        n_keep, fraction = settings.schedule_at(progress)
-
-        rewards = weighted_rewards(self._d3s_rewards_per_func, self.reward_weights)  # (B*G,)
-        trl_advantages = self.accelerator.gather(batch["advantages"])  # (B*G,)
-        advantages = trl_advantages
-        if self.multi_objective_aggregation == "sum_then_normalize":
-            advantages = zero_where_flat(trl_advantages, rewards, G, scale_rewards=self.scale_rewards)  # (B*G,)
-        mask = loss_mask(batch)  # (S_local, T)
-        valid_per_row = self.accelerator.gather(mask.sum(dim=1))  # (B*G,) loss tokens per rollout
-        step_metrics.log_generated_entropy(self.accelerator, metrics, generation_entropies, mask, self.d3s_active)
-        self._d3s_monitor_kl(batch)
-        if not self.d3s_active:  # TRL's batch unchanged
-            self.d3s_last_selection = step_metrics.log_unchanged_batch(
-                metrics, progress, G, rewards, advantages, trl_advantages, valid_per_row
-            )
-            return batch
-
-        S_local = batch["advantages"].size(0)
-        batch["advantages"] = advantages[rank * S_local : (rank + 1) * S_local]
-        if settings.sample_selection == "none":
-            kept = torch.arange(advantages.numel(), device=device)  # (K,)
-            kept_advantages = advantages
-        else:
-            generator = None
-            if settings.sample_selection.startswith("random"):  # the controls: seeded per generation batch
-                generator = selection_generator(self.args.seed, self.d3s_generation_index())
-            selection = select_rollouts(
-                advantages, rewards, G, n_keep, settings.sample_selection, scale_rewards=self.scale_rewards,
-                generator=generator,
-            )
-            kept, kept_advantages = selection.indices, selection.advantages  # (K,), (K,)
-        kept_mask = torch.zeros_like(advantages, dtype=torch.bool)
-        kept_mask[kept] = True
-        trained_advantages = torch.zeros_like(advantages)  # (B*G,)
-        trained_advantages[kept] = kept_advantages
-        if generation_entropies is not None:
-            batch["d3s_entropies"] = generation_entropies  # (S_local, T), travels with its rows
-        for key in DEFERRED_KEYS:
-            batch.pop(key, None)  # placeholders of the deferred passes; recomputed below for the kept rows
-        slots = deal_rows(kept, P, self.args.steps_per_generation)  # (P, R)
-        batch = take_rows(
-            batch, slots[rank], trained_advantages, accelerator=self.accelerator,
-            pad_token_id=self.processing_class.pad_token_id, cut_columns=self.pad_to_multiple_of is None,
-        )
-        mask = loss_mask(batch)  # (R, T')
-
-        passes = self._d3s_kept_row_passes(batch, mask, need_entropy=settings.token_selection)
-        n_valid = int(valid_per_row[kept].sum())  # loss tokens of the kept rollouts, all ranks
-        n_rows, n_tokens = kept.numel(), n_valid
-        entropy_source = n_nonfinite = all_token_mask = None
-        balance = step_metrics.whole_rollout_balance(trained_advantages, valid_per_row)
-        if settings.token_selection:
-            entropies = batch.pop("d3s_entropies", None)
-            entropy_source = "generation"
-            if entropies is None:
-                entropies, entropy_source = passes["entropies"], passes["entropy_source"]
-            token_mask, all_token_mask, n_nonfinite, balance = self._d3s_token_mask(
-                batch["advantages"], entropies, mask, fraction
-            )
-            batch["d3s_token_mask"] = token_mask  # (R, T')
-            n_tokens = int(all_token_mask.sum())
-            if settings.normalizer == "selected":
-                n_rows = int(all_token_mask.any(dim=1).sum())
-        batch.pop("d3s_entropies", None)
-
-        # Global counts shared by every micro-batch (0-dim tensors survive TRL's shuffle and split)
-        denominator_tokens = n_tokens if settings.normalizer == "selected" else n_valid
-        batch["d3s_num_rows"] = torch.tensor(float(n_rows), device=device)
-        batch["d3s_num_tokens"] = torch.tensor(float(denominator_tokens), device=device)
-        batch["num_items_in_batch"] = torch.tensor(float(n_valid), device=device)
-
-        step_metrics.log_selection(
-            metrics, progress=progress, n_keep=n_keep, fraction=fraction, num_generations=G, rewards=rewards,
-            trained_advantages=trained_advantages, kept_mask=kept_mask, kept_advantages=kept_advantages,
-            valid_per_row=valid_per_row, tokens_in_loss=n_tokens, padding_rows=slots.numel() - kept.numel(),
-            nonfinite_scores=n_nonfinite, balance=balance,
-        )
-        clipped = metrics.get("completions/clipped_ratio") or [None]  # TRL's, of this generation batch (all ranks)
-        self._d3s_diagnosis.update(
-            n_tokens / max(kept.numel(), 1), balance[1], settings.token_selection, self.accelerator.is_main_process,
-            clipped=clipped[-1],
-        )
-        self.d3s_last_selection = {
-            "kept": kept.cpu(), "n_keep": n_keep, "fraction": fraction, "tokens_in_loss": n_tokens,
-            "rows_per_rank": batch["completion_mask"].size(0), "entropy_source": entropy_source,
-            "kept_per_rank_before": torch.bincount(torch.div(kept, S_local, rounding_mode="floor"), minlength=P).cpu(),
-            **({"token_mask": all_token_mask.cpu()} if settings.token_selection else {}),
-        }
-        return batch
+        return selection.select(self, batch, generation_entropies)
 
     def _d3s_kept_row_passes(self, batch: dict, mask: torch.Tensor, need_entropy: bool) -> dict:
         """The kept rows' old-policy, reference and sampler-correction terms (`passes.kept_row_passes`)."""
@@ -376,7 +281,6 @@ class D3SGRPOTrainer(GRPOTrainer):
 
     def _d3s_compute_loss(self, model, inputs):
         """The D3S loss of a training micro-batch: the selective forward and `d3s.policy_loss`."""
-        metrics = self._metrics["train"]
         settings = self.args.d3s_settings
         completion_mask = inputs["completion_mask"]
         mask = loss_mask(inputs)  # (S, T)
