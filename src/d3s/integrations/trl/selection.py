@@ -1,4 +1,4 @@
-"""One generation batch through D3S's selection (docs/method.md sections 2-3, the paper's order: select, then compute).
+"""One generation batch through D3S's selection (docs/method.md sections 2-3; the paper's order: select first).
 
 Rewards -> advantages -> rollouts kept -> every per-rollout pass for the kept ones -> token mask, for
 `D3SGRPOTrainer._d3s_select`, which takes the trainer for its settings, accelerator and metrics. Sample selection
